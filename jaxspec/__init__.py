@@ -1,0 +1,9 @@
+"""jaxspec: lossless speculative decoding for JAX language models."""
+from .config import ModelConfig
+from .generate import GenerateOutput, Stats, generate
+from .loading import load
+from .model import Model
+from .sampling import Sampling
+
+__all__ = ["ModelConfig", "Model", "load", "generate", "GenerateOutput", "Stats", "Sampling"]
+__version__ = "0.1.0"

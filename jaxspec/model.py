@@ -1,0 +1,49 @@
+"""Model: config + params + tokenizer, with a cache-free logits() for checks and scoring."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .cache import init_cache
+from .config import ModelConfig
+from .models import forward
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _logits(params, ids, cfg):
+    B, T = ids.shape
+    cache = init_cache(cfg, B, T, params["embed"].dtype)
+    return forward(params, ids, cache, cfg)[0]
+
+
+@dataclasses.dataclass
+class Model:
+    config: ModelConfig
+    params: dict
+    tokenizer: object
+    source: str = ""
+
+    def logits(self, ids) -> jax.Array:
+        """int32[B, T] (or one list of ids) -> float32[B, T, V], causal, no cache kept."""
+        ids = jnp.asarray(ids, jnp.int32)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ValueError(f"ids must be int32[B, T] with T >= 1, got shape {ids.shape}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"ids must lie in [0, {self.config.vocab_size}), got "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        return _logits(self.params, ids, self.config)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A short hash of the weights (sha256 over every leaf's bytes), to bind heads to their target."""
+        h = hashlib.sha256()
+        for leaf in jax.tree_util.tree_leaves(self.params):
+            h.update(np.asarray(leaf, np.float32).tobytes())
+        return h.hexdigest()[:16]

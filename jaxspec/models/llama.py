@@ -1,0 +1,138 @@
+"""Llama-family decoder (SmolLM2, Llama 2/3, Mistral, Qwen2) as pure functions.
+
+Params pytree (layers stacked on a leading L axis, scanned):
+  embed [V, E]; norm [E]; lm_head [E, V] (absent when tied to embed)
+  layers: attn_norm [L, E], wq [L, E, H, D], wk/wv [L, E, G, D], wo [L, H, D, E],
+          (bq [L, H, D], bk/bv [L, G, D] with qkv_bias), mlp_norm [L, E],
+          w_gate/w_up [L, E, F], w_down [L, F, E]
+Shape letters as in DESIGN.md; R = H // G query heads per key/value head.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..cache import KVCache, advance, attention_mask, positions, write_layer
+from ..config import ModelConfig
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm (Zhang & Sennrich 2019) computed in float32: x / sqrt(mean(x^2) + eps) * weight."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_angles(pos: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, D/2] for integer positions pos[B, T] (Su et al. 2021, half-split layout)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    ang = pos.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate x [B, T, N, D] by angles [B, T, D/2]; pairs are (i, i + D/2) as in Hugging Face Llama."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B, T, H, D], k/v [B, S, G, D], mask bool[B, T, S] -> [B, T, H, D]."""
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    q = q.reshape(B, T, G, H // G, D)
+    scores = jnp.einsum("btgrd,bsgd->bgrts", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(D)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bgrts,bsgd->btgrd", weights, v)
+    return out.reshape(B, T, H, D)
+
+
+def _block(cfg: ModelConfig, x, cache: KVCache, p, layer, pos, cos, sin, mask):
+    """One decoder layer on x [B, T, E]; writes this layer's keys/values into the cache."""
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q = jnp.einsum("bte,ehd->bthd", h, p["wq"])
+    k = jnp.einsum("bte,egd->btgd", h, p["wk"])
+    v = jnp.einsum("bte,egd->btgd", h, p["wv"])
+    if cfg.qkv_bias:
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    cache = write_layer(cache, layer, k, v, pos)
+    attn = attend(q, cache.k[layer], cache.v[layer], mask)
+    x = x + jnp.einsum("bthd,hde->bte", attn, p["wo"])
+    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    gate = jnp.einsum("bte,ef->btf", h, p["w_gate"])
+    up = jnp.einsum("bte,ef->btf", h, p["w_up"])
+    x = x + jnp.einsum("btf,fe->bte", jax.nn.silu(gate) * up, p["w_down"])
+    return x, cache
+
+
+def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
+                   hidden_layers: tuple[int, ...] = ()):
+    """Run T >= 1 new tokens per row through the decoder.
+
+    tokens int32[B, T] are written at slots cache.length[b] + t. Returns
+    (x [B, T, E] after the final norm, hidden [len(hidden_layers), B, T, E], cache with length += T).
+    hidden_layers index the residual stream: 0 = embeddings, j = output of layer j (1..L).
+    """
+    B, T = tokens.shape
+    for j in hidden_layers:
+        if not 0 <= j <= cfg.num_layers:
+            raise ValueError(f"hidden layer {j} outside [0, {cfg.num_layers}]")
+    pos = positions(cache, T)
+    mask = attention_mask(pos, cache.capacity)
+    cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta)
+    x = params["embed"][tokens]
+    collect = bool(hidden_layers)
+
+    def step(carry, xs):
+        x, cache = carry
+        p, layer = xs
+        x, cache = _block(cfg, x, cache, p, layer, pos, cos, sin, mask)
+        return (x, cache), (x if collect else None)
+
+    layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+    x0 = x
+    (x, cache), per_layer = jax.lax.scan(step, (x, cache), (params["layers"], layer_ids))
+    if collect:
+        stream = jnp.concatenate([x0[None], per_layer], axis=0)  # [L+1, B, T, E]
+        hidden = stream[jnp.asarray(hidden_layers)]
+    else:
+        hidden = jnp.zeros((0, B, T, cfg.hidden_size), x.dtype)
+    x = rms_norm(x, params["norm"], cfg.rms_norm_eps)
+    return x, hidden, advance(cache, T)
+
+
+def lm_head(params, x: jax.Array) -> jax.Array:
+    """Logits float32[..., V] from normalised features x [..., E] (tied to embed when no lm_head)."""
+    if "lm_head" in params:
+        return jnp.einsum("...e,ev->...v", x, params["lm_head"], preferred_element_type=jnp.float32)
+    return jnp.einsum("...e,ve->...v", x, params["embed"], preferred_element_type=jnp.float32)
+
+
+def forward(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
+            hidden_layers: tuple[int, ...] = ()):
+    """forward(params, tokens[B,T], cache) -> (logits float32[B,T,V], hidden [N,B,T,E], cache)."""
+    x, hidden, cache = forward_hidden(params, tokens, cache, cfg, hidden_layers)
+    return lm_head(params, x), hidden, cache
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02):
+    """Random-init params (normal(0, scale) matrices, unit norms) for tests and small draft models."""
+    E, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+    H, G, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    shapes = {"wq": (L, E, H, D), "wk": (L, E, G, D), "wv": (L, E, G, D), "wo": (L, H, D, E),
+              "w_gate": (L, E, F), "w_up": (L, E, F), "w_down": (L, F, E)}
+    if cfg.qkv_bias:
+        shapes.update(bq=(L, H, D), bk=(L, G, D), bv=(L, G, D))
+    keys = jax.random.split(key, len(shapes) + 2)
+    layers = {name: (scale * jax.random.normal(k, shape)).astype(dtype)
+              for k, (name, shape) in zip(keys, shapes.items())}
+    layers["attn_norm"] = jnp.ones((L, E), dtype)
+    layers["mlp_norm"] = jnp.ones((L, E), dtype)
+    params = {"embed": (scale * jax.random.normal(keys[-2], (V, E))).astype(dtype),
+              "norm": jnp.ones((E,), dtype), "layers": layers}
+    if not cfg.tie_word_embeddings:
+        params["lm_head"] = (scale * jax.random.normal(keys[-1], (E, V))).astype(dtype)
+    return params

@@ -1,0 +1,63 @@
+"""Shared fixtures: the real SmolLM2 (ours and transformers' on the same GGUF), tiny configs."""
+from __future__ import annotations
+
+import os
+import types
+
+import jax
+import pytest
+
+import jaxspec
+from jaxspec.config import ModelConfig
+from jaxspec.loading.registry import resolve_named
+from jaxspec.model import Model
+from jaxspec.models import init_params
+
+REAL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    return jaxspec.load(REAL)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm():
+    """transformers (torch, fp32) loading the very same GGUF file: the reference we did not write."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_named(REAL)
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.eval()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def chat_prompts(smollm):
+    """Chat-templated prompts of different lengths."""
+    questions = ["Write a short story about a robot who learns to paint.",
+                 "Explain in detail how photosynthesis works, step by step.",
+                 "Describe the history of the Roman Empire in several paragraphs."]
+    return [smollm.tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                 add_generation_prompt=True) for q in questions]
+
+
+TINY = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=8, max_position_embeddings=512)
+
+
+class ByteTokenizer:
+    """A stand-in tokenizer for tiny random models: ids are bytes mod vocab, no EOS."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def tiny_model(cfg: ModelConfig = TINY, seed: int = 0, scale: float = 0.5) -> Model:
+    return Model(config=cfg, params=init_params(cfg, jax.random.PRNGKey(seed), scale=scale),
+                 tokenizer=ByteTokenizer(), source="tiny")
