@@ -54,10 +54,10 @@ def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
     rows = []
     for i, p in enumerate(prompts):
         ids = np.asarray(p).reshape(-1) if not isinstance(p, (str, bytes)) else None
+        if ids is not None and ids.size == 0:
+            raise ValueError(f"prompt {i} is empty: generation needs at least one token")
         if ids is None or ids.dtype.kind not in "iu":
             raise ValueError(f"prompt {i} must be a list of token ids (use model.tokenizer to encode text)")
-        if ids.size == 0:
-            raise ValueError(f"prompt {i} is empty: generation needs at least one token")
         if ids.min() < 0 or ids.max() >= vocab_size:
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
         rows.append([int(t) for t in ids])

@@ -1,0 +1,91 @@
+"""Command line: `jaxspec demo | generate ...`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEMO_QUESTION = "Explain in three sentences why the sky is blue."
+
+
+def _sampling_args(p: argparse.ArgumentParser):
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _run(model_name: str, prompt: str, args, chat: bool = True):
+    import jaxspec
+
+    started = time.perf_counter()
+    model = jaxspec.load(model_name)
+    load_s = time.perf_counter() - started
+    if chat:
+        ids = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                  add_generation_prompt=True)
+    else:
+        ids = model.tokenizer.encode(prompt)
+    sampling = jaxspec.Sampling(temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, min_p=args.min_p)
+    out = jaxspec.generate(model, [ids], max_new_tokens=args.max_new_tokens, sampling=sampling,
+                           seed=args.seed)
+    return model, out, load_s
+
+
+def cmd_generate(args) -> int:
+    if not args.prompt.strip():
+        raise ValueError("--prompt is empty")
+    _, out, load_s = _run(args.model, args.prompt, args, chat=not args.no_chat)
+    s = out.stats
+    if args.json:
+        print(json.dumps({"text": out.texts[0], "tokens": out.tokens[0], "load_seconds": load_s,
+                          "stats": s.__dict__}))
+    else:
+        print(out.texts[0])
+        print(f"\n[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tokens/s, "
+              f"compile {s.compile_seconds:.1f} s, load {load_s:.1f} s]", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    print(f"jaxspec demo: {args.model}, greedy, plain autoregressive decoding\n")
+    print(f"user> {DEMO_QUESTION}\n")
+    _, out, load_s = _run(args.model, DEMO_QUESTION, args)
+    s = out.stats
+    print(f"assistant> {out.texts[0]}\n")
+    print(f"{s.new_tokens} new tokens in {s.wall_seconds:.2f} s = {s.tokens_per_second:.1f} tokens/s "
+          f"(compile {s.compile_seconds:.1f} s, load {load_s:.1f} s)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxspec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="a chat answer from the default model, with tokens/s")
+    demo.add_argument("--model", default=DEFAULT_MODEL)
+    _sampling_args(demo)
+    gen = sub.add_parser("generate", help="generate from one prompt")
+    gen.add_argument("--model", default=DEFAULT_MODEL, help="a named model, a .gguf file or a HF folder")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--no-chat", action="store_true", help="encode the prompt as is, no chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    _sampling_args(gen)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"demo": cmd_demo, "generate": cmd_generate}[args.command](args)
+    except ValueError as e:
+        print(f"jaxspec: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""generate(): compile reuse, limits, sampling settings and bad input (tiny random model)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.generate import TRACES
+from jaxspec.sampling import Sampling
+
+from .conftest import tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model()
+
+
+def test_same_bucket_does_not_recompile(tiny):
+    jaxspec.generate(tiny, [[1, 2, 3], [4, 5, 6, 7, 8]], max_new_tokens=10)
+    before = TRACES["autoregressive"]
+    out = jaxspec.generate(tiny, [[9, 9, 9, 9, 9, 9, 9], [3, 1]], max_new_tokens=12,
+                           sampling=Sampling(temperature=0.8, top_k=5))
+    assert TRACES["autoregressive"] == before
+    assert out.stats.compile_seconds == 0.0
+    assert [len(t) for t in out.tokens] == [12, 12]
+    jaxspec.generate(tiny, [list(range(40))], max_new_tokens=10)  # a new bucket compiles
+    assert TRACES["autoregressive"] == before + 1
+
+
+def test_greedy_batch_rows_equal_single_rows(tiny):
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12]]
+    batched = jaxspec.generate(tiny, prompts, max_new_tokens=20).tokens
+    for p, row in zip(prompts, batched):
+        assert jaxspec.generate(tiny, [p], max_new_tokens=20).tokens[0] == row
+
+
+def test_per_row_limits_and_eos(tiny):
+    out = jaxspec.generate(tiny, [[1, 2], [3, 4]], max_new_tokens=[3, 9])
+    assert [len(t) for t in out.tokens] == [3, 9]
+    first = out.tokens[1]
+    tiny.tokenizer.eos_token_ids = (first[4],)       # make the 5th token an end-of-sequence
+    try:
+        stopped = jaxspec.generate(tiny, [[3, 4]], max_new_tokens=9).tokens[0]
+    finally:
+        tiny.tokenizer.eos_token_ids = ()
+    assert stopped == first[:first.index(first[4]) + 1]
+
+
+def test_seeds_and_top_k_membership(tiny):
+    prompts = [[1, 2, 3]] * 4
+    s = Sampling(temperature=1.5, top_k=3)
+    a = jaxspec.generate(tiny, prompts, max_new_tokens=16, sampling=s, seed=1).tokens
+    b = jaxspec.generate(tiny, prompts, max_new_tokens=16, sampling=s, seed=1).tokens
+    c = jaxspec.generate(tiny, prompts, max_new_tokens=16, sampling=s, seed=2).tokens
+    assert a == b and a != c
+    for row in a:  # every token lies in the 3 most likely under the model given its own history
+        history = [1, 2, 3]
+        for tok in row:
+            logits = np.asarray(tiny.logits([history]))[0, -1]
+            assert tok in np.argsort(-logits)[:3]
+            history.append(tok)
+
+
+def test_top_p_membership(tiny):
+    s = Sampling(temperature=1.0, top_p=0.3)
+    row = jaxspec.generate(tiny, [[5, 6]], max_new_tokens=12, sampling=s, seed=3).tokens[0]
+    history = [5, 6]
+    for tok in row:
+        logits = np.asarray(tiny.logits([history]))[0, -1]
+        p = np.exp(logits - logits.max()); p /= p.sum()
+        order = np.argsort(-p)
+        nucleus = order[:int(np.searchsorted(np.cumsum(p[order]), 0.3)) + 1]
+        assert tok in nucleus
+        history.append(tok)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"prompts": [[1, 2], []]}, "prompt 1 is empty"),
+    ({"prompts": []}, "non-empty list"),
+    ({"prompts": [[1, 999]]}, "outside"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": 600}, "cache capacity"),
+    ({"max_new_tokens": 8, "max_cache_len": 9}, "cache capacity"),
+    ({"sampling": "greedy"}, "sampling"),
+])
+def test_bad_generate_input_fails_before_compute(tiny, kwargs, match):
+    args = {"prompts": [[1, 2, 3]], "max_new_tokens": 4, **kwargs}
+    before = sum(TRACES.values())
+    with pytest.raises(ValueError, match=match):
+        jaxspec.generate(tiny, args.pop("prompts"), **args)
+    assert sum(TRACES.values()) == before
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"min_p": 2.0}, "min_p"),
+])
+def test_bad_sampling(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Sampling(**kwargs)
+
+
+def test_bad_model_sources(tmp_path):
+    with pytest.raises(ValueError, match="smollm2-135m-instruct"):
+        jaxspec.load("no-such-model")
+    with pytest.raises(ValueError, match="not found"):
+        jaxspec.load(str(tmp_path / "missing.gguf"))
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match="GGUF"):
+        jaxspec.load(str(corrupt))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="neither"):
+        jaxspec.load(str(tmp_path / "empty"))
+
+
+def test_truncated_real_gguf(tmp_path):
+    from jaxspec.loading.registry import resolve_named
+    data = open(resolve_named("smollm2-135m-instruct"), "rb").read(4_000_000)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data)
+    with pytest.raises(ValueError, match="cut.gguf"):
+        jaxspec.load(str(cut))
