@@ -22,6 +22,8 @@ def _sampling_args(p: argparse.ArgumentParser):
 def _run(model_name: str, prompt: str, args, chat: bool = True):
     import jaxspec
 
+    sampling = jaxspec.Sampling(temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, min_p=args.min_p)  # bad settings fail before loading
     started = time.perf_counter()
     model = jaxspec.load(model_name)
     load_s = time.perf_counter() - started
@@ -30,8 +32,6 @@ def _run(model_name: str, prompt: str, args, chat: bool = True):
                                                   add_generation_prompt=True)
     else:
         ids = model.tokenizer.encode(prompt)
-    sampling = jaxspec.Sampling(temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, min_p=args.min_p)
     out = jaxspec.generate(model, [ids], max_new_tokens=args.max_new_tokens, sampling=sampling,
                            seed=args.seed)
     return model, out, load_s
@@ -63,6 +63,14 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from . import bench
+
+    result = bench.run(args.model, args.prompts, args.num_prompts, args.max_new_tokens, args.peer, args.out)
+    print(bench.markdown(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,13 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat", action="store_true", help="encode the prompt as is, no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     _sampling_args(gen)
+    b = sub.add_parser("bench", help="decoding speed, measured as ratios in one run")
+    b.add_argument("--model", default=DEFAULT_MODEL)
+    b.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: eval.jsonl)")
+    b.add_argument("--num-prompts", type=int, default=4)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--peer", choices=["transformers"], default=None)
+    b.add_argument("--out", default=None, help="folder for bench.json and bench.md")
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"demo": cmd_demo, "generate": cmd_generate}[args.command](args)
+        return {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench}[args.command](args)
     except ValueError as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return 2
