@@ -18,7 +18,9 @@ import numpy as np
 from .cache import KVCache, init_cache, rollback
 from .config import ModelConfig
 from .models import forward, forward_hidden, lm_head
-from .sampling import Sampling, SamplingArg, row_params, sample_tokens
+from .drafters.base import Context, Drafter
+from .rejection import rejection_sample
+from .sampling import Sampling, SamplingArg, probs_from_logits, row_params, sample_tokens
 
 TRACES: collections.Counter = collections.Counter()  # program name -> times traced (compile guard)
 _COMPILED: dict = {}
@@ -112,10 +114,73 @@ def _autoregressive(params, tokens, lengths, limits, cache, sampling, eos_ids, k
     return out, count, steps, cache  # returning the cache lets XLA reuse the donated buffers
 
 
-def _compiled(name, fn, static: dict, args: tuple, donate: tuple):
-    """AOT-compile fn for these argument shapes once; -> (executable, seconds spent compiling now)."""
+def _emit(buf, start, tokens, count, width):
+    """Write tokens[B, W] at buf[b, start[b] + i] for i < count[b] (other slots dropped)."""
+    B, W = tokens.shape
+    idx = jnp.arange(W, dtype=jnp.int32)
+    slots = jnp.where(idx[None] < count[:, None], start[:, None] + idx[None], width)
+    return buf.at[jnp.arange(B)[:, None], slots].set(tokens, mode="drop")
+
+
+def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, *,
+                 cfg, drafter, num_draft, capacity_out):
+    """Prefill, then lax.while_loop: propose K -> one target pass over K+1 -> rejection -> rollback.
+
+    -> (out int32[B, N+K+1], count int32[B], steps, accept stats, cache)."""
+    TRACES["speculative"] += 1
+    B, T = tokens.shape
+    K = num_draft
+    width = capacity_out + K + 1
+    key, sub = jax.random.split(key)
+    first, cache = _prefill(params, cfg, tokens, lengths, cache, sampling, sub)
+    out = jnp.full((B, width), -1, jnp.int32).at[:, 0].set(first)
+    history = jnp.zeros((B, cache.capacity + K + 1), jnp.int32).at[:, :T].set(tokens)
+    history = history.at[jnp.arange(B), lengths].set(first)
+    count = jnp.ones((B,), jnp.int32)
+    done = jnp.isin(first, eos_ids) | (count >= limits)
+    dstate = drafter.init(dparams, tokens, lengths, cache.capacity)
+    zero = jnp.zeros((), jnp.int32)
+    acc = {"steps": zero, "accepted": zero, "per_position": jnp.zeros((K,), jnp.int32)}
+
+    def body(state):
+        cache, dstate, last, history, out, count, done, key, steps, acc, features = state
+        key, k_draft, k_accept = jax.random.split(key, 3)
+        ctx = Context(last, history, cache.length + 1, sampling, features)
+        draft, draft_probs, dstate = drafter.propose(dparams, dstate, ctx, k_draft, K)
+        verify = jnp.concatenate([last[:, None], draft], axis=1)            # [B, K+1]
+        logits, hidden, new_cache = forward(params, verify, cache, cfg, drafter.hidden_layers)
+        target_probs = probs_from_logits(logits, sampling)                   # [B, K+1, V]
+        n, emitted = rejection_sample(draft, draft_probs, target_probs, k_accept)
+        idx = jnp.arange(K + 1, dtype=jnp.int32)
+        eos_at = jnp.isin(emitted, eos_ids) & (idx[None] <= n[:, None])
+        upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, K + 1)
+        emit = jnp.minimum(jnp.minimum(n + 1, upto_eos), limits - count)
+        emit = jnp.where(done, 0, emit)
+        out = _emit(out, count, emitted, emit, width)
+        history = _emit(history, ctx.history_len, emitted, emit, history.shape[1])
+        active = ~done
+        acc = {"steps": acc["steps"] + active.sum(),
+               "accepted": acc["accepted"] + jnp.where(active, n, 0).sum(),
+               "per_position": acc["per_position"] + (active[:, None] & (idx[None, :K] < n[:, None])).sum(0)}
+        cache = rollback(new_cache, jnp.where(done, cache.length, cache.length + n + 1))
+        dstate = drafter.commit(dparams, dstate, ctx, n)
+        last = jnp.where(done, last, emitted[jnp.arange(B), n])
+        count = count + emit
+        done = done | (eos_at.any(1) & (upto_eos <= emit)) | (count >= limits)
+        return cache, dstate, last, history, out, count, done, key, steps + 1, acc, hidden
+
+    features = jnp.zeros((len(drafter.hidden_layers), B, K + 1, cfg.hidden_size), params["embed"].dtype)
+    state = (cache, dstate, first, history, out, count, done, key, zero, acc, features)
+    cache, _, _, _, out, count, _, _, steps, acc, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[6]), body, state)
+    return out, count, steps, acc, cache
+
+
+def _compiled(tag: tuple, fn, static: dict, args: tuple, donate: tuple):
+    """AOT-compile fn for these argument shapes once; -> (executable, seconds spent compiling now).
+
+    tag names everything static that changes the program (hashable); static are fn's keyword args."""
     shapes = tuple((a.shape, a.dtype) for a in jax.tree_util.tree_leaves(args))
-    key = (name, tuple(sorted(static.items())), shapes)
+    key = (tag, shapes)
     if key in _COMPILED:
         return _COMPILED[key], 0.0
     start = time.perf_counter()
@@ -125,25 +190,37 @@ def _compiled(name, fn, static: dict, args: tuple, donate: tuple):
     return exe, time.perf_counter() - start
 
 
+def _check_drafter(drafter, num_draft_tokens, model) -> int:
+    if not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must be a jaxspec.drafters drafter or None, got {type(drafter).__name__}")
+    if isinstance(num_draft_tokens, bool) or int(num_draft_tokens) != num_draft_tokens or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens (K) must be an integer >= 1, got {num_draft_tokens}")
+    drafter.check_target(model)
+    return int(num_draft_tokens)
+
+
 def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
-             sampling: SamplingArg = Sampling(), drafter=None, num_draft_tokens: int = 5,
+             sampling: SamplingArg = Sampling(), drafter: Optional[Drafter] = None, num_draft_tokens: int = 5,
              seed: int = 0, max_cache_len: Optional[int] = None) -> GenerateOutput:
     """Generate up to max_new_tokens per prompt (token-id lists) with the target `model`.
 
-    drafter=None is plain autoregressive decoding. Returns tokens, texts and stats.
+    drafter=None is plain autoregressive decoding; with a drafter every step proposes
+    num_draft_tokens (K) tokens that one target pass verifies (lossless rejection sampling).
+    Returns tokens, texts and stats.
     """
     cfg: ModelConfig = model.config
-    if drafter is not None:
-        raise NotImplementedError("speculative decoding (drafter=...) is not built yet")
+    K = _check_drafter(drafter, num_draft_tokens, model) if drafter is not None else 0
     rows = _check_prompts(prompts, cfg.vocab_size)
     B = len(rows)
     limits = _check_limits(max_new_tokens, B)
     params_s = row_params(sampling, B)
     limit_len = cfg.max_position_embeddings if max_cache_len is None else int(max_cache_len)
+    extra = K + 1 if drafter is not None else 0
     for i, r in enumerate(rows):
-        if len(r) + int(limits[i]) > limit_len:
-            raise ValueError(f"prompt {i} ({len(r)} tokens) + max_new_tokens ({int(limits[i])}) exceeds "
-                             f"the cache capacity of {limit_len} tokens")
+        if len(r) + int(limits[i]) + extra > limit_len:
+            raise ValueError(f"prompt {i} ({len(r)} tokens) + max_new_tokens ({int(limits[i])})"
+                             + (f" + K+1 ({extra})" if extra else "")
+                             + f" exceeds the cache capacity of {limit_len} tokens")
     eos = getattr(model.tokenizer, "eos_token_ids", ()) or ()
     eos_ids = jnp.asarray(list(eos) or [-1], jnp.int32)
 
@@ -153,19 +230,32 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     for i, r in enumerate(rows):
         tokens[i, :len(r)] = r
     lengths = jnp.asarray([len(r) for r in rows], jnp.int32)
-    cache = init_cache(cfg, B, T + N, model.params["embed"].dtype)
+    cache = init_cache(cfg, B, T + N + extra, model.params["embed"].dtype)
     key = jax.random.PRNGKey(seed)
-    args = (model.params, jnp.asarray(tokens), lengths, jnp.asarray(limits), cache, params_s, eos_ids, key)
-    exe, compile_s = _compiled("autoregressive", _autoregressive, {"cfg": cfg, "capacity_out": N}, args,
-                               donate=(4,))
+    common = (jnp.asarray(tokens), lengths, jnp.asarray(limits), cache, params_s, eos_ids, key)
+    if drafter is None:
+        args = (model.params,) + common
+        exe, compile_s = _compiled(("autoregressive", cfg, N), _autoregressive,
+                                   {"cfg": cfg, "capacity_out": N}, args, donate=(4,))
+    else:
+        args = (model.params, drafter.params) + common
+        exe, compile_s = _compiled(("speculative", cfg, drafter.static_key(), K, N), _speculative,
+                                   {"cfg": cfg, "drafter": drafter, "num_draft": K, "capacity_out": N},
+                                   args, donate=(5,))
     start = time.perf_counter()
-    out, count, steps, _ = exe(*args)
-    out, count = np.asarray(out), np.asarray(count)
+    result = exe(*args)
+    out, count = np.asarray(result[0]), np.asarray(result[1])
     wall = time.perf_counter() - start
 
     new = [out[i, :count[i]].tolist() for i in range(B)]
     total = int(count.sum())
     stats = Stats(wall_seconds=wall, tokens_per_second=total / wall if wall > 0 else float("nan"),
-                  compile_seconds=compile_s, new_tokens=total, target_steps=int(steps))
+                  compile_seconds=compile_s, new_tokens=total, target_steps=int(result[2]))
+    if drafter is not None:
+        acc = jax.tree_util.tree_map(np.asarray, result[3])
+        row_steps = max(int(acc["steps"]), 1)
+        stats.mean_accepted_length = 1.0 + int(acc["accepted"]) / row_steps
+        stats.acceptance_rate = int(acc["accepted"]) / (K * row_steps)
+        stats.per_position_acceptance = (acc["per_position"] / row_steps).tolist()
     texts = [model.tokenizer.decode(t) for t in new] if model.tokenizer is not None else [""] * B
     return GenerateOutput(tokens=new, texts=texts, stats=stats)

@@ -1,0 +1,6 @@
+"""Drafters: one protocol (base.Drafter), several ways to guess the next K tokens."""
+from .base import Context, Drafter
+from .draft_model import DraftModel, truncated
+from .ngram import NGram
+
+__all__ = ["Context", "Drafter", "DraftModel", "NGram", "truncated"]

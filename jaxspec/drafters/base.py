@@ -1,0 +1,50 @@
+"""The drafter protocol shared by the speculative loop and every drafter.
+
+A drafter is a Python object holding static settings; its arrays travel as `params` so that
+compiled programs can be reused. Inside the compiled loop:
+  state = drafter.init(params, prompts[B, T], lengths[B], capacity)
+  tokens[B, K], probs[B, K, V] | None, state = drafter.propose(params, state, ctx, key, K)
+  state = drafter.commit(params, state, ctx, num_accepted[B])
+probs=None means the draft is deterministic (argmax or lookup): q is one-hot on the token.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+
+class Context(NamedTuple):
+    """What the loop knows at the start of a step, per row."""
+
+    last: jax.Array          # int32[B]: newest token, emitted but not yet in the target cache
+    history: jax.Array       # int32[B, S]: prompt + emitted tokens (slots >= history_len are stale)
+    history_len: jax.Array   # int32[B]: valid history, = target cache length + 1
+    sampling: dict           # per-row sampling arrays [B] (see sampling.row_params)
+    features: jax.Array      # [N, B, T, E] target hidden states from the last pass (empty if unused)
+
+
+class Drafter:
+    """Base class: subclasses override the methods below."""
+
+    hidden_layers: tuple = ()   # target layers whose hidden states the drafter reads
+
+    @property
+    def params(self):
+        return {}
+
+    def static_key(self) -> tuple:
+        """Everything that changes the compiled program (hashable)."""
+        return (type(self).__name__,)
+
+    def check_target(self, model) -> None:
+        """Raise ValueError if this drafter cannot serve `model` (vocabulary, tokenizer)."""
+
+    def init(self, params, prompts, lengths, capacity):
+        return ()
+
+    def propose(self, params, state, ctx: Context, key, num_draft: int):
+        raise NotImplementedError
+
+    def commit(self, params, state, ctx: Context, num_accepted):
+        return state

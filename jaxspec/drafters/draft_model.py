@@ -1,0 +1,109 @@
+"""An independent small draft model on the target's tokenizer, with its own static KV cache."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ..cache import init_cache, rollback
+from ..model import Model
+from ..models import forward
+from ..sampling import probs_from_logits
+from .base import Context, Drafter
+
+
+def same_tokenizer(a, b) -> bool:
+    """True when two tokenizers map the same strings to the same ids (same vocabulary table)."""
+    if a is b:
+        return True
+    va, vb = getattr(a, "backend", None), getattr(b, "backend", None)
+    if va is not None and vb is not None:
+        return va.get_vocab(with_added_tokens=True) == vb.get_vocab(with_added_tokens=True)
+    return type(a) is type(b) and getattr(a, "vocab_size", None) == getattr(b, "vocab_size", None)
+
+
+def check_same_vocabulary(drafter_model: Model, target: Model, who: str) -> None:
+    dv, tv = drafter_model.config.vocab_size, target.config.vocab_size
+    if dv != tv:
+        raise ValueError(f"{who} vocabulary size {dv} != target vocabulary size {tv}: "
+                         "drafter and target must share one tokenizer")
+    if not same_tokenizer(drafter_model.tokenizer, target.tokenizer):
+        raise ValueError(f"{who} uses another tokenizer than the target: their token ids differ")
+
+
+def truncated(model: Model, num_layers: int) -> Model:
+    """The first num_layers decoder layers of `model` with its final norm and head: a cheap drafter."""
+    if not 1 <= num_layers <= model.config.num_layers:
+        raise ValueError(f"num_layers must lie in [1, {model.config.num_layers}], got {num_layers}")
+    cfg = dataclasses.replace(model.config, num_layers=num_layers)
+    params = {**model.params, "layers": jax.tree_util.tree_map(lambda a: a[:num_layers],
+                                                               model.params["layers"])}
+    return Model(config=cfg, params=params, tokenizer=model.tokenizer,
+                 source=f"{model.source}[:{num_layers} layers]")
+
+
+class DraftModel(Drafter):
+    """DraftModel(jaxspec.load(...)): K autoregressive draft steps, sampled with the target's settings.
+
+    Its cache holds the same tokens as the target's. Each propose first rolls it back to the
+    target's length - 1 and feeds [previous token, last] (T=2): this rewrites a slot that may
+    already hold the same token, and fills the slot the last accepted draft never wrote.
+    """
+
+    def __init__(self, model: Model):
+        if not isinstance(model, Model):
+            raise ValueError(f"DraftModel needs a jaxspec Model, got {type(model).__name__}")
+        self.model = model
+
+    @classmethod
+    def load(cls, path: str, **kwargs) -> "DraftModel":
+        from ..loading import load
+        return cls(load(path, **kwargs))
+
+    def __repr__(self):
+        cfg = self.model.config
+        return f"DraftModel({self.model.source or 'model'}, {cfg.num_layers} layers, width {cfg.hidden_size})"
+
+    @property
+    def params(self):
+        return self.model.params
+
+    def static_key(self):
+        return ("DraftModel", self.model.config)
+
+    def check_target(self, model) -> None:
+        check_same_vocabulary(self.model, model, "draft model")
+
+    def init(self, params, prompts, lengths, capacity):
+        cfg = self.model.config
+        cache = init_cache(cfg, prompts.shape[0], capacity, params["embed"].dtype)
+        cache = forward(params, prompts, cache, cfg)[2]
+        return rollback(cache, lengths)
+
+    def propose(self, params, cache, ctx: Context, key, num_draft: int):
+        cfg = self.model.config
+        B = ctx.last.shape[0]
+        start = ctx.history_len - 2                               # slot of the token before `last`
+        prev = jnp.take_along_axis(ctx.history, start[:, None], axis=1)[:, 0]
+        cache = rollback(cache, start)
+        logits, _, cache = forward(params, jnp.stack([prev, ctx.last], axis=1), cache, cfg)
+        keys = jax.random.split(key, num_draft)
+
+        def draw(logits_last, k):
+            q = probs_from_logits(logits_last, ctx.sampling)     # [B, V]
+            tok = jax.random.categorical(k, jnp.log(q), axis=-1).astype(jnp.int32)
+            return tok, q
+
+        tok, q = draw(logits[:, -1], keys[0])
+
+        def step(carry, k):
+            cache, tok = carry
+            logits, _, cache = forward(params, tok[:, None], cache, cfg)
+            nxt, q = draw(logits[:, 0], k)
+            return (cache, nxt), (nxt, q)
+
+        (cache, _), (toks, qs) = jax.lax.scan(step, (cache, tok), keys[1:])
+        tokens = jnp.concatenate([tok[:, None], toks.T.reshape(B, num_draft - 1)], axis=1)
+        probs = jnp.concatenate([q[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+        return tokens, probs, cache

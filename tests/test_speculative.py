@@ -1,0 +1,184 @@
+"""The speculative loop is lossless: greedy equals plain decoding token for token, sampling
+draws from the target's own distribution; plus statistics, EOS handling and bad input."""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+import jaxspec
+from jaxspec.config import ModelConfig
+from jaxspec.drafters import DraftModel, NGram, truncated
+from jaxspec.sampling import Sampling, probs_from_logits, row_params
+
+from .conftest import TINY, tiny_model
+
+# ---------------------------------------------------------------- real SmolLM2, greedy
+
+
+@pytest.fixture(scope="module")
+def plain_answers(smollm, chat_prompts):
+    prompts = [chat_prompts[0], chat_prompts[1][:-9], chat_prompts[2]]   # three different lengths
+    return prompts, jaxspec.generate(smollm, prompts, max_new_tokens=64).tokens
+
+
+@pytest.mark.parametrize("K", [1, 3, 5])
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_greedy_lossless_on_smollm2(smollm, plain_answers, kind, K):
+    prompts, expected = plain_answers
+    drafter = NGram() if kind == "ngram" else DraftModel(truncated(smollm, 4))
+    out = jaxspec.generate(smollm, prompts, max_new_tokens=64, drafter=drafter, num_draft_tokens=K)
+    assert len({len(p) for p in prompts}) == 3
+    for i in range(len(prompts)):
+        assert out.tokens[i] == expected[i], f"row {i} differs from plain decoding"
+    assert min(map(len, out.tokens)) >= 32 and max(map(len, out.tokens)) == 64
+    s = out.stats
+    assert 1.0 <= s.mean_accepted_length <= K + 1 and len(s.per_position_acceptance) == K
+    assert s.target_steps < 64                    # fewer target passes than tokens
+
+
+# ---------------------------------------------------------------- tiny models
+
+def test_self_drafting_accepts_everything():
+    m = tiny_model()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9]]
+    plain = jaxspec.generate(m, prompts, max_new_tokens=25).tokens
+    out = jaxspec.generate(m, prompts, max_new_tokens=25, drafter=DraftModel(m), num_draft_tokens=4)
+    assert out.tokens == plain
+    assert out.stats.acceptance_rate == 1.0 and out.stats.per_position_acceptance == [1.0] * 4
+    assert out.stats.mean_accepted_length == 5.0
+    assert out.stats.target_steps == 5            # 1 from prefill + 5 steps x 5 tokens, capped at 25
+
+
+def test_eos_inside_an_accepted_block_ends_the_row():
+    m = tiny_model()
+    plain = jaxspec.generate(m, [[4, 5, 6]], max_new_tokens=30).tokens[0]
+    eos = plain[7]
+    m.tokenizer.eos_token_ids = (eos,)
+    try:
+        out = jaxspec.generate(m, [[4, 5, 6], [1, 2]], max_new_tokens=30, drafter=DraftModel(m),
+                               num_draft_tokens=5)
+        ref = jaxspec.generate(m, [[4, 5, 6], [1, 2]], max_new_tokens=30)
+    finally:
+        m.tokenizer.eos_token_ids = ()
+    assert out.tokens[0] == plain[:plain.index(eos) + 1]   # accepted drafts after EOS are dropped
+    assert out.tokens == ref.tokens
+
+
+def test_exact_max_new_tokens_per_row():
+    m = tiny_model()
+    out = jaxspec.generate(m, [[1, 2], [3, 4, 5]], max_new_tokens=[7, 13], drafter=DraftModel(m),
+                           num_draft_tokens=5)
+    assert [len(t) for t in out.tokens] == [7, 13]
+
+
+def test_seeds():
+    m = tiny_model()
+    d = DraftModel(tiny_model(seed=1))
+    s = Sampling(temperature=1.0)
+    run = lambda seed: jaxspec.generate(m, [[1, 2, 3]] * 3, max_new_tokens=12, sampling=s, drafter=d,
+                                        num_draft_tokens=3, seed=seed).tokens
+    assert run(4) == run(4) and run(4) != run(5)
+
+
+# joint distribution of the first three tokens: speculative sampling vs the exact target law
+V8 = ModelConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                 num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+ROWS = 24_000
+
+
+def _exact_joint(model, prompt, sampling):
+    """P(t1, t2, t3) under plain sampling with the processed probabilities, all 8^3 sequences."""
+    params = row_params(sampling, 1)
+    step = lambda hist: np.asarray(probs_from_logits(model.logits([hist])[:, -1], params))[0]
+    joint = np.zeros((8, 8, 8))
+    p1 = step(prompt)
+    for a in range(8):
+        if p1[a] == 0:
+            continue
+        p2 = step(prompt + [a])
+        for b in range(8):
+            if p2[b] > 0:
+                joint[a, b] = p1[a] * p2[b] * step(prompt + [a, b])
+    return joint.reshape(-1)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=0.9, top_k=4),
+                                      Sampling(temperature=1.2, top_p=0.8)], ids=["t1", "topk", "topp"])
+def test_sampled_speculative_matches_target_distribution(sampling):
+    target = tiny_model(V8, seed=2, scale=0.8)
+    prompt = [1, 5, 2]
+    exact = _exact_joint(target, prompt, sampling)
+    for drafter in (NGram(), DraftModel(tiny_model(V8, seed=3, scale=0.8))):
+        out = jaxspec.generate(target, [prompt] * ROWS, max_new_tokens=3, sampling=sampling,
+                               drafter=drafter, num_draft_tokens=2, seed=11)
+        codes = np.array([t[0] * 64 + t[1] * 8 + t[2] for t in out.tokens])
+        counts = np.bincount(codes, minlength=512)
+        assert counts[exact == 0].sum() == 0, f"{drafter}: sequences outside the allowed set"
+        keep = exact * ROWS >= 5
+        expected = exact[keep] * ROWS
+        observed = counts[keep].astype(float)
+        pvalue = stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+        tvd = 0.5 * np.abs(counts / ROWS - exact).sum()
+        assert pvalue > 1e-3 and tvd < 0.05, f"{drafter}: p={pvalue:.2e}, TVD={tvd:.3f}"
+        if isinstance(drafter, DraftModel):
+            assert 0 < out.stats.acceptance_rate < 1     # the draft really differs from the target
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=1.5, top_k=3), Sampling(temperature=1.5, top_p=0.5),
+                                      Sampling(temperature=1.5, min_p=0.3)], ids=["topk", "topp", "minp"])
+def test_every_speculative_token_is_in_the_allowed_set(sampling):
+    m = tiny_model()
+    params = row_params(sampling, 1)
+    for drafter in (NGram(), DraftModel(tiny_model(seed=1))):
+        out = jaxspec.generate(m, [[1, 2, 3, 1, 2], [7, 8]], max_new_tokens=20, sampling=sampling,
+                               drafter=drafter, num_draft_tokens=3, seed=2)
+        for prompt, row in zip([[1, 2, 3, 1, 2], [7, 8]], out.tokens):
+            history = list(prompt)
+            for tok in row:
+                allowed = np.asarray(probs_from_logits(m.logits([history])[:, -1], params))[0] > 0
+                assert allowed[tok], f"{drafter}: token {tok} outside the {sampling} set"
+                history.append(tok)
+
+
+def test_ngram_proposes_the_continuation_of_the_latest_match():
+    from jaxspec.drafters.base import Context
+    hist = np.zeros((1, 32), np.int32)
+    seq = [5, 6, 7, 8, 1, 5, 6, 9, 2, 5, 6]           # "5 6" last seen before 9, earlier before 7
+    hist[0, :len(seq)] = seq
+    ctx = Context(last=np.array([6]), history=hist, history_len=np.array([len(seq)]), sampling={},
+                  features=None)
+    tokens, probs, _ = NGram(max_ngram=2, min_ngram=1).propose({}, (), ctx, None, 4)
+    assert probs is None
+    assert np.asarray(tokens).tolist() == [[9, 2, 5, 6]]
+
+
+def test_bad_speculative_input():
+    m = tiny_model()
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        jaxspec.generate(m, [[1, 2]], max_new_tokens=4, drafter=NGram(), num_draft_tokens=0)
+    other_vocab = tiny_model(ModelConfig(**{**TINY.__dict__, "vocab_size": 100}))
+    with pytest.raises(ValueError, match="vocabulary size 100"):
+        jaxspec.generate(m, [[1, 2]], max_new_tokens=4, drafter=DraftModel(other_vocab))
+    with pytest.raises(ValueError, match="min_ngram"):
+        NGram(max_ngram=1, min_ngram=2)
+    with pytest.raises(ValueError, match="drafter"):
+        jaxspec.generate(m, [[1, 2]], max_new_tokens=4, drafter="ngram")
+    with pytest.raises(ValueError, match="K\\+1"):
+        jaxspec.generate(m, [[1] * 500], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5)
+
+
+def test_draft_model_for_another_tokenizer(smollm, tmp_path):
+    """Same vocabulary size, different token table: refused before any compute."""
+    import tokenizers
+
+    backend = tokenizers.Tokenizer.from_str(smollm.tokenizer.backend.to_str())
+    backend.add_tokens(["<zz-extra>"])                      # ids shift for the tail of the table
+    other = jaxspec.model.Model(config=smollm.config, params=smollm.params,
+                                tokenizer=type(smollm.tokenizer)(backend, eos_token_ids=(2,)))
+    assert other.config.vocab_size == smollm.config.vocab_size
+    with pytest.raises(ValueError, match="another tokenizer"):
+        jaxspec.generate(smollm, [[1, 2]], max_new_tokens=4, drafter=DraftModel(truncated(other, 2)))
