@@ -66,7 +66,10 @@ def cmd_demo(args) -> int:
 def cmd_bench(args) -> int:
     from . import bench
 
-    result = bench.run(args.model, args.prompts, args.num_prompts, args.max_new_tokens, args.peer, args.out)
+    drafters = [d for d in args.drafters.split(",") if d]
+    ks = [int(k) for k in args.k.split(",") if k]
+    result = bench.run(args.model, args.prompts, args.num_prompts, args.max_new_tokens, args.peer, args.out,
+                       drafters=drafters, ks=ks)
     print(bench.markdown(result))
     return 0
 
@@ -90,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--peer", choices=["transformers"], default=None)
     b.add_argument("--out", default=None, help="folder for bench.json and bench.md")
+    b.add_argument("--drafters", default="ngram",
+                   help="comma-separated: ngram, ngram:MAX:MIN, draft:PATH, truncated:N ('' = plain only)")
+    b.add_argument("-k", "--k", default="5", help="comma-separated draft lengths K")
     return parser
 
 

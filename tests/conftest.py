@@ -37,9 +37,9 @@ def hf_smollm():
 
 @pytest.fixture(scope="session")
 def chat_prompts(smollm):
-    """Chat-templated prompts of different lengths."""
+    """Chat-templated prompts of three different lengths whose answers run past 64 tokens."""
     questions = ["Write a short story about a robot who learns to paint.",
-                 "Explain in detail how photosynthesis works, step by step.",
+                 "Explain in detail how photosynthesis works in green plants, step by step.",
                  "Describe the history of the Roman Empire in several paragraphs."]
     return [smollm.tokenizer.apply_chat_template([{"role": "user", "content": q}],
                                                  add_generation_prompt=True) for q in questions]

@@ -21,8 +21,7 @@ from .conftest import TINY, tiny_model
 
 @pytest.fixture(scope="module")
 def plain_answers(smollm, chat_prompts):
-    prompts = [chat_prompts[0], chat_prompts[1][:-9], chat_prompts[2]]   # three different lengths
-    return prompts, jaxspec.generate(smollm, prompts, max_new_tokens=64).tokens
+    return chat_prompts, jaxspec.generate(smollm, chat_prompts, max_new_tokens=64).tokens
 
 
 @pytest.mark.parametrize("K", [1, 3, 5])
@@ -34,7 +33,7 @@ def test_greedy_lossless_on_smollm2(smollm, plain_answers, kind, K):
     assert len({len(p) for p in prompts}) == 3
     for i in range(len(prompts)):
         assert out.tokens[i] == expected[i], f"row {i} differs from plain decoding"
-    assert min(map(len, out.tokens)) >= 32 and max(map(len, out.tokens)) == 64
+    assert all(len(t) == 64 for t in out.tokens)
     s = out.stats
     assert 1.0 <= s.mean_accepted_length <= K + 1 and len(s.per_position_acceptance) == K
     assert s.target_steps < 64                    # fewer target passes than tokens
@@ -137,11 +136,10 @@ def test_every_speculative_token_is_in_the_allowed_set(sampling):
         out = jaxspec.generate(m, [[1, 2, 3, 1, 2], [7, 8]], max_new_tokens=20, sampling=sampling,
                                drafter=drafter, num_draft_tokens=3, seed=2)
         for prompt, row in zip([[1, 2, 3, 1, 2], [7, 8]], out.tokens):
-            history = list(prompt)
-            for tok in row:
-                allowed = np.asarray(probs_from_logits(m.logits([history])[:, -1], params))[0] > 0
-                assert allowed[tok], f"{drafter}: token {tok} outside the {sampling} set"
-                history.append(tok)
+            logits = m.logits([prompt + row])[:, len(prompt) - 1:-1]       # causal: one pass per row
+            allowed = np.asarray(probs_from_logits(logits, params))[0] > 0  # [len(row), V]
+            for j, tok in enumerate(row):
+                assert allowed[j, tok], f"{drafter}: token {tok} outside the {sampling} set"
 
 
 def test_ngram_proposes_the_continuation_of_the_latest_match():
