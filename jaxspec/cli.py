@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 import time
+from importlib.metadata import entry_points
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEMO_QUESTION = "Explain in three sentences why the sky is blue."
@@ -96,13 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--drafters", default="ngram",
                    help="comma-separated: ngram, ngram:MAX:MIN, draft:PATH, truncated:N ('' = plain only)")
     b.add_argument("-k", "--k", default="5", help="comma-separated draft lengths K")
+    for plugin in entry_points(group="jaxspec.commands"):   # e.g. `train`, from the train package
+        plugin.load()(sub)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    handlers = {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench}
     try:
-        return {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench}[args.command](args)
+        return handlers[args.command](args) if args.command in handlers else args.handler(args)
     except ValueError as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return 2

@@ -114,11 +114,11 @@ def _autoregressive(params, tokens, lengths, limits, cache, sampling, eos_ids, k
     return out, count, steps, cache  # returning the cache lets XLA reuse the donated buffers
 
 
-def _emit(buf, start, tokens, count, width):
+def _emit(buf, start, tokens, count):
     """Write tokens[B, W] at buf[b, start[b] + i] for i < count[b] (other slots dropped)."""
     B, W = tokens.shape
     idx = jnp.arange(W, dtype=jnp.int32)
-    slots = jnp.where(idx[None] < count[:, None], start[:, None] + idx[None], width)
+    slots = jnp.where(idx[None] < count[:, None], start[:, None] + idx[None], buf.shape[1])
     return buf.at[jnp.arange(B)[:, None], slots].set(tokens, mode="drop")
 
 
@@ -126,14 +126,14 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
                  cfg, drafter, num_draft, capacity_out):
     """Prefill, then lax.while_loop: propose K -> one target pass over K+1 -> rejection -> rollback.
 
-    -> (out int32[B, N+K+1], count int32[B], steps, accept stats, cache)."""
+    -> (out int32[B, N+K+1], count int32[B], steps, accept stats, cache). The loop keeps one token
+    buffer, `history` (prompt + output per row); the output is cut from it at the end."""
     TRACES["speculative"] += 1
     B, T = tokens.shape
     K = num_draft
     width = capacity_out + K + 1
     key, sub = jax.random.split(key)
     first, cache = _prefill(params, cfg, tokens, lengths, cache, sampling, sub)
-    out = jnp.full((B, width), -1, jnp.int32).at[:, 0].set(first)
     history = jnp.zeros((B, cache.capacity + K + 1), jnp.int32).at[:, :T].set(tokens)
     history = history.at[jnp.arange(B), lengths].set(first)
     count = jnp.ones((B,), jnp.int32)
@@ -143,7 +143,7 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
     acc = {"steps": zero, "accepted": zero, "per_position": jnp.zeros((K,), jnp.int32)}
 
     def body(state):
-        cache, dstate, last, history, out, count, done, key, steps, acc, features = state
+        cache, dstate, last, history, count, done, key, steps, acc, features = state
         key, k_draft, k_accept = jax.random.split(key, 3)
         ctx = Context(last, history, cache.length + 1, sampling, features)
         draft, draft_probs, dstate = drafter.propose(dparams, dstate, ctx, k_draft, K)
@@ -156,8 +156,7 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
         upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, K + 1)
         emit = jnp.minimum(jnp.minimum(n + 1, upto_eos), limits - count)
         emit = jnp.where(done, 0, emit)
-        out = _emit(out, count, emitted, emit, width)
-        history = _emit(history, ctx.history_len, emitted, emit, history.shape[1])
+        history = _emit(history, ctx.history_len, emitted, emit)
         active = ~done
         acc = {"steps": acc["steps"] + active.sum(),
                "accepted": acc["accepted"] + jnp.where(active, n, 0).sum(),
@@ -167,11 +166,14 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
         last = jnp.where(done, last, emitted[jnp.arange(B), n])
         count = count + emit
         done = done | (eos_at.any(1) & (upto_eos <= emit)) | (count >= limits)
-        return cache, dstate, last, history, out, count, done, key, steps + 1, acc, hidden
+        return cache, dstate, last, history, count, done, key, steps + 1, acc, hidden
 
     features = jnp.zeros((len(drafter.hidden_layers), B, K + 1, cfg.hidden_size), params["embed"].dtype)
-    state = (cache, dstate, first, history, out, count, done, key, zero, acc, features)
-    cache, _, _, _, out, count, _, _, steps, acc, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[6]), body, state)
+    state = (cache, dstate, first, history, count, done, key, zero, acc, features)
+    cache, _, _, history, count, _, _, steps, acc, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[5]), body, state)
+    cols = lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+    out = jnp.take_along_axis(history, jnp.minimum(cols, history.shape[1] - 1), axis=1)
+    out = jnp.where(jnp.arange(width)[None] < count[:, None], out, -1)
     return out, count, steps, acc, cache
 
 

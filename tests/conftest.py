@@ -53,9 +53,18 @@ class ByteTokenizer:
     """A stand-in tokenizer for tiny random models: ids are bytes mod vocab, no EOS."""
 
     eos_token_ids = ()
+    vocab_size = TINY.vocab_size
+
+    def encode(self, text, add_special_tokens=False):
+        return [b % self.vocab_size for b in text.encode()]
 
     def decode(self, ids, skip_special_tokens=True):
         return " ".join(map(str, ids))
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
+        if not messages:
+            raise ValueError("messages is empty")
+        return [1] + self.encode(" ".join(m["content"] for m in messages)) + ([2] if add_generation_prompt else [])
 
 
 def tiny_model(cfg: ModelConfig = TINY, seed: int = 0, scale: float = 0.5) -> Model:

@@ -1,0 +1,39 @@
+"""The bench harness runs end to end on a tiny model (no figure is asserted: speed is noisy)."""
+from __future__ import annotations
+
+import pytest
+
+from jaxspec import bench
+from jaxspec.drafters import NGram
+
+from .conftest import tiny_model
+
+
+def test_bench_decoders_and_profile():
+    m = tiny_model()
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6, 7]]
+    result = bench.bench_decoders(m, prompts, 12, {"ngram": NGram()}, ks=(1, 3))
+    assert set(result) == {"plain", "ngram K=1", "ngram K=3"}
+    for label, d in result.items():
+        assert d["tokens"] == 24 and d["tokens_per_second"] > 0 and d["speedup"] > 0
+    assert len(result["ngram K=3"]["per_position_acceptance"]) == 3
+    assert 1.0 <= result["ngram K=3"]["mean_accepted_length"] <= 4.0
+    prof = bench.step_profile(m, NGram(), 3, prompts[0], {**result["ngram K=3"], "prompts": 2})
+    assert prof["step_seconds"] > 0 and set(prof["fractions"]) == {"draft", "verify", "other"}
+    text = bench.markdown({"model": "tiny", "backend": "cpu", "prompts": 2, "max_new_tokens": 12,
+                           "decoders": result, "profiles": {"ngram K=3": prof},
+                           "bandwidth": {"read_bytes_per_second": 1e10, "weight_bytes_per_token": 1e6,
+                                         "bound_tokens_per_second": 1e4, "fraction_of_bound": 0.1}})
+    assert "| ngram K=3 |" in text and "Bandwidth bound" in text
+
+
+def test_bench_prompt_file_and_drafter_names(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(f'{{"prompt": "q{i}"}}\n' for i in range(10)))
+    assert bench.read_prompts(str(f), 3) == ["q0", "q4", "q9"]   # spread over the file
+    assert bench.read_prompts(str(f), 50) == [f"q{i}" for i in range(10)]
+    with pytest.raises(ValueError, match="not found"):
+        bench.read_prompts(str(tmp_path / "none.jsonl"), 3)
+    with pytest.raises(ValueError, match="unknown drafter"):
+        bench.make_drafter("magic", tiny_model())
+    assert bench.make_drafter("ngram:4:2", None).max_ngram == 4

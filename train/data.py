@@ -1,0 +1,120 @@
+"""Self-distilled training data: the target answers training prompts through its chat template.
+
+Answers come from jaxspec's own batched generation (greedy by default) and are stored as token
+ids (uint16 when the vocabulary fits) in numbered shards, each written atomically, so a killed
+run resumes at the first missing shard. A manifest records the target, its weight fingerprint,
+the settings and the held-out prompt indices (for acceptance checks during training).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+MANIFEST = "manifest.json"
+
+
+def read_prompt_file(path: str) -> list[str]:
+    if not os.path.isfile(path):
+        raise ValueError(f"prompt file not found: {path}")
+    with open(path) as f:
+        rows = [json.loads(line)["prompt"] for line in f if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} holds no prompts")
+    return rows
+
+
+def _shard_path(out_dir: str, index: int) -> str:
+    return os.path.join(out_dir, f"shard-{index:05d}.npz")
+
+
+def _write_atomic_npz(path: str, **arrays) -> None:
+    tmp = path + ".tmp.npz"
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, heldout: int = 64,
+              max_new_tokens: int = 256, max_prompt_tokens: int = 384, batch_size: int = 16,
+              shard_size: int = 64, seed: int = 0, progress: bool = True) -> dict:
+    """Generate (or resume) answers for `num_prompts` shuffled prompts; -> the manifest dict.
+
+    The first `heldout` of the shuffled prompts are kept out of the data (acceptance checks)."""
+    from jaxspec import generate
+
+    texts = read_prompt_file(prompts_path)
+    if not 0 < num_prompts + heldout <= len(texts):
+        raise ValueError(f"num_prompts + heldout must lie in [1, {len(texts)}], got {num_prompts + heldout}")
+    order = np.random.default_rng(seed).permutation(len(texts))
+    heldout_idx, train_idx = order[:heldout], order[heldout:heldout + num_prompts]
+    os.makedirs(out_dir, exist_ok=True)
+    settings = {"target": model.source, "fingerprint": model.fingerprint,
+                "prompts_file": os.path.basename(prompts_path), "num_prompts": int(num_prompts),
+                "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens, "seed": seed,
+                "shard_size": shard_size, "sampling": "greedy"}
+    manifest_path = os.path.join(out_dir, MANIFEST)
+    if os.path.isfile(manifest_path):
+        with open(manifest_path) as f:
+            old = json.load(f)
+        if old["settings"] != settings:
+            raise ValueError(f"{out_dir} holds data made with other settings: {old['settings']} "
+                             f"(now {settings}); use another --out or the same settings")
+    manifest = {"settings": settings, "heldout_prompt_indices": heldout_idx.tolist()}
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f, indent=1)
+
+    dtype = np.uint16 if model.config.vocab_size <= 2**16 else np.int32
+    shards = [train_idx[i:i + shard_size] for i in range(0, len(train_idx), shard_size)]
+    done = sum(os.path.isfile(_shard_path(out_dir, i)) for i in range(len(shards)))
+    bar = tqdm(total=len(train_idx), initial=min(done * shard_size, len(train_idx)), unit="prompt",
+               desc="self-distilled answers", disable=not progress)
+    for s, idx in enumerate(shards):
+        if os.path.isfile(_shard_path(out_dir, s)):
+            continue
+        encoded = [(int(i), model.tokenizer.apply_chat_template([{"role": "user", "content": texts[i]}],
+                                                                 add_generation_prompt=True)) for i in idx]
+        kept = sorted([e for e in encoded if len(e[1]) <= max_prompt_tokens], key=lambda e: len(e[1]))
+        rows = []
+        for b in range(0, len(kept), batch_size):
+            chunk = kept[b:b + batch_size]
+            out = generate(model, [ids for _, ids in chunk], max_new_tokens=max_new_tokens)
+            rows += [(i, ids, ans) for (i, ids), ans in zip(chunk, out.tokens)]
+            bar.update(len(chunk))
+        bar.update(len(idx) - len(kept))
+        seqs = [np.asarray(ids + ans, dtype) for _, ids, ans in rows]
+        _write_atomic_npz(_shard_path(out_dir, s),
+                          tokens=np.concatenate(seqs) if seqs else np.zeros((0,), dtype),
+                          lengths=np.asarray([len(q) for q in seqs], np.int32),
+                          prompt_lengths=np.asarray([len(ids) for _, ids, _ in rows], np.int32),
+                          prompt_index=np.asarray([i for i, _, _ in rows], np.int32),
+                          skipped=np.asarray(sorted(set(map(int, idx)) - {i for i, _ in kept}), np.int32))
+    bar.close()
+    return manifest
+
+
+def iter_examples(data_dir: str) -> Iterator[tuple[np.ndarray, int]]:
+    """Yield (token ids int32[T], prompt length) for every stored example, shard by shard."""
+    shards = sorted(f for f in os.listdir(data_dir) if f.startswith("shard-") and f.endswith(".npz")
+                    and ".tmp" not in f)
+    if not shards:
+        raise ValueError(f"{data_dir} holds no data shards: run `jaxspec train data` first")
+    for name in shards:
+        try:
+            with np.load(os.path.join(data_dir, name)) as z:
+                tokens, lengths, plens = z["tokens"], z["lengths"], z["prompt_lengths"]
+        except Exception as e:
+            raise ValueError(f"cannot read data shard {name} in {data_dir}: {e}") from e
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        for start, n, p in zip(starts, lengths, plens):
+            yield tokens[start:start + n].astype(np.int32), int(p)
+
+
+def summary(data_dir: str) -> dict:
+    """Counts for the README and notes: examples, prompt tokens, answer tokens."""
+    n = prompt = answer = 0
+    for ids, p in iter_examples(data_dir):
+        n, prompt, answer = n + 1, prompt + p, answer + len(ids) - p
+    return {"examples": n, "prompt_tokens": prompt, "answer_tokens": answer}
