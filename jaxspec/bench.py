@@ -131,9 +131,11 @@ def step_profile(model, drafter, K: int, prompt_ids, decoded: dict) -> dict:
     history = jnp.zeros((1, S), jnp.int32).at[0, :T].set(ids[0])
     ctx = Context(ids[:, -1], history, jnp.asarray([T], jnp.int32), row_params(Sampling(), 1),
                   jnp.zeros((len(drafter.hidden_layers), 1, K + 1, cfg.hidden_size)))
-    dstate = drafter.init(drafter.params, ids, jnp.asarray([T], jnp.int32), S)
+    dparams = drafter.params_for(model)
+    features = forward(params, ids, init_cache(cfg, 1, S, params["embed"].dtype), cfg, drafter.hidden_layers)[1]
+    dstate = drafter.init(dparams, ids, jnp.asarray([T], jnp.int32), S, features)
     propose = jax.jit(lambda p, s, c, k: drafter.propose(p, s, c, k, K)[0])
-    t_draft = _timed(propose, drafter.params, dstate, ctx, jax.random.PRNGKey(0))
+    t_draft = _timed(propose, dparams, dstate, ctx, jax.random.PRNGKey(0))
     t_step = max(decoded["seconds"] - t_prefill * decoded["prompts"], 0.0) / decoded["target_steps"]
     other = max(t_step - t_draft - t_verify, 0.0)
     return {"step_seconds": t_step, "draft_seconds": t_draft, "verify_seconds": t_verify,

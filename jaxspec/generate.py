@@ -76,12 +76,13 @@ def _check_limits(max_new_tokens, batch: int) -> np.ndarray:
     return limits.astype(np.int32)
 
 
-def _prefill(params, cfg: ModelConfig, tokens, lengths, cache: KVCache, sampling, key):
-    """Run the padded prompts; sample the first new token from each row's last real position."""
-    x, _, cache = forward_hidden(params, tokens, cache, cfg)
+def _prefill(params, cfg: ModelConfig, tokens, lengths, cache: KVCache, sampling, key, hidden_layers=()):
+    """Run the padded prompts; sample the first new token from each row's last real position.
+    -> (first int32[B], cache, hidden [N, B, T, E] of the requested layers)."""
+    x, hidden, cache = forward_hidden(params, tokens, cache, cfg, hidden_layers)
     cache = rollback(cache, lengths)
     last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, E]
-    return sample_tokens(key, lm_head(params, last), sampling), cache
+    return sample_tokens(key, lm_head(params, last), sampling), cache, hidden
 
 
 def _autoregressive(params, tokens, lengths, limits, cache, sampling, eos_ids, key, *, cfg, capacity_out):
@@ -89,7 +90,7 @@ def _autoregressive(params, tokens, lengths, limits, cache, sampling, eos_ids, k
     TRACES["autoregressive"] += 1
     B = tokens.shape[0]
     key, sub = jax.random.split(key)
-    first, cache = _prefill(params, cfg, tokens, lengths, cache, sampling, sub)
+    first, cache, _ = _prefill(params, cfg, tokens, lengths, cache, sampling, sub)
     out = jnp.full((B, capacity_out), -1, jnp.int32).at[:, 0].set(first)
     count = jnp.ones((B,), jnp.int32)
     done = jnp.isin(first, eos_ids) | (count >= limits)
@@ -133,12 +134,13 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
     K = num_draft
     width = capacity_out + K + 1
     key, sub = jax.random.split(key)
-    first, cache = _prefill(params, cfg, tokens, lengths, cache, sampling, sub)
+    first, cache, prompt_features = _prefill(params, cfg, tokens, lengths, cache, sampling, sub,
+                                             drafter.hidden_layers)
     history = jnp.zeros((B, cache.capacity + K + 1), jnp.int32).at[:, :T].set(tokens)
     history = history.at[jnp.arange(B), lengths].set(first)
     count = jnp.ones((B,), jnp.int32)
     done = jnp.isin(first, eos_ids) | (count >= limits)
-    dstate = drafter.init(dparams, tokens, lengths, cache.capacity)
+    dstate = drafter.init(dparams, tokens, lengths, cache.capacity, prompt_features)
     zero = jnp.zeros((), jnp.int32)
     acc = {"steps": zero, "accepted": zero, "per_position": jnp.zeros((K,), jnp.int32)}
 
@@ -162,13 +164,16 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
                "accepted": acc["accepted"] + jnp.where(active, n, 0).sum(),
                "per_position": acc["per_position"] + (active[:, None] & (idx[None, :K] < n[:, None])).sum(0)}
         cache = rollback(new_cache, jnp.where(done, cache.length, cache.length + n + 1))
-        dstate = drafter.commit(dparams, dstate, ctx, n)
+        dstate = drafter.commit(dparams, dstate, ctx, jnp.where(done, 0, n))
         last = jnp.where(done, last, emitted[jnp.arange(B), n])
         count = count + emit
         done = done | (eos_at.any(1) & (upto_eos <= emit)) | (count >= limits)
         return cache, dstate, last, history, count, done, key, steps + 1, acc, hidden
 
+    # the features of the pass that made `first` (the prompt's last position) wait at index 0
     features = jnp.zeros((len(drafter.hidden_layers), B, K + 1, cfg.hidden_size), params["embed"].dtype)
+    last_pos = jnp.take_along_axis(prompt_features, (lengths - 1)[None, :, None, None], axis=2)
+    features = features.at[:, :, :1].set(last_pos.astype(features.dtype))
     state = (cache, dstate, first, history, count, done, key, zero, acc, features)
     cache, _, _, history, count, _, _, steps, acc, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[5]), body, state)
     cols = lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
@@ -240,7 +245,7 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
         exe, compile_s = _compiled(("autoregressive", cfg, N), _autoregressive,
                                    {"cfg": cfg, "capacity_out": N}, args, donate=(4,))
     else:
-        args = (model.params, drafter.params) + common
+        args = (model.params, drafter.params_for(model)) + common
         exe, compile_s = _compiled(("speculative", cfg, drafter.static_key(), K, N), _speculative,
                                    {"cfg": cfg, "drafter": drafter, "num_draft": K, "capacity_out": N},
                                    args, donate=(5,))

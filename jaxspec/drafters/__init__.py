@@ -1,6 +1,7 @@
 """Drafters: one protocol (base.Drafter), several ways to guess the next K tokens."""
 from .base import Context, Drafter
 from .draft_model import DraftModel, truncated
+from .eagle import Eagle
 from .ngram import NGram
 
-__all__ = ["Context", "Drafter", "DraftModel", "NGram", "truncated"]
+__all__ = ["Context", "Drafter", "DraftModel", "Eagle", "NGram", "truncated"]

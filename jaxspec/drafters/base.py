@@ -2,7 +2,8 @@
 
 A drafter is a Python object holding static settings; its arrays travel as `params` so that
 compiled programs can be reused. Inside the compiled loop:
-  state = drafter.init(params, prompts[B, T], lengths[B], capacity)
+  params = drafter.params_for(target_model)
+  state = drafter.init(params, prompts[B, T], lengths[B], capacity, features[N, B, T, E])
   tokens[B, K], probs[B, K, V] | None, state = drafter.propose(params, state, ctx, key, K)
   state = drafter.commit(params, state, ctx, num_accepted[B])
 probs=None means the draft is deterministic (argmax or lookup): q is one-hot on the token.
@@ -21,7 +22,8 @@ class Context(NamedTuple):
     history: jax.Array       # int32[B, S]: prompt + emitted tokens (slots >= history_len are stale)
     history_len: jax.Array   # int32[B]: valid history, = target cache length + 1
     sampling: dict           # per-row sampling arrays [B] (see sampling.row_params)
-    features: jax.Array      # [N, B, T, E] target hidden states from the last pass (empty if unused)
+    features: jax.Array      # [N, B, K+1, E] target hidden states (drafter.hidden_layers) of the last
+                             # pass; before the first step index 0 holds the prompt's last position
 
 
 class Drafter:
@@ -29,8 +31,8 @@ class Drafter:
 
     hidden_layers: tuple = ()   # target layers whose hidden states the drafter reads
 
-    @property
-    def params(self):
+    def params_for(self, model):
+        """The arrays the compiled loop passes in (may include the target's, e.g. its embeddings)."""
         return {}
 
     def static_key(self) -> tuple:
@@ -40,7 +42,8 @@ class Drafter:
     def check_target(self, model) -> None:
         """Raise ValueError if this drafter cannot serve `model` (vocabulary, tokenizer)."""
 
-    def init(self, params, prompts, lengths, capacity):
+    def init(self, params, prompts, lengths, capacity, features):
+        """features [N, B, T, E]: the prompt's hidden states from the target's prefill."""
         return ()
 
     def propose(self, params, state, ctx: Context, key, num_draft: int):

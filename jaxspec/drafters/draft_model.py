@@ -65,8 +65,7 @@ class DraftModel(Drafter):
         cfg = self.model.config
         return f"DraftModel({self.model.source or 'model'}, {cfg.num_layers} layers, width {cfg.hidden_size})"
 
-    @property
-    def params(self):
+    def params_for(self, model):
         return self.model.params
 
     def static_key(self):
@@ -75,7 +74,7 @@ class DraftModel(Drafter):
     def check_target(self, model) -> None:
         check_same_vocabulary(self.model, model, "draft model")
 
-    def init(self, params, prompts, lengths, capacity):
+    def init(self, params, prompts, lengths, capacity, features):
         cfg = self.model.config
         cache = init_cache(cfg, prompts.shape[0], capacity, params["embed"].dtype)
         cache = forward(params, prompts, cache, cfg)[2]

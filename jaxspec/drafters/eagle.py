@@ -1,0 +1,100 @@
+"""EAGLE drafter: an EAGLE-3-style head (heads/eagle.py) reading the target's own features.
+
+The head's cache holds one entry per target position t: the pair (feature_t, token_{t+1}).
+After a verify pass with n accepted drafts, the n+1 new pairs are known (features of the
+pass, emitted tokens); propose writes them, takes the head's output at the last one as the first
+draft, then drafts on from its own outputs. Rollback of the head's cache is a length change.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..cache import init_cache, rollback
+from ..heads.eagle import EagleConfig, eagle_step, fuse_features, to_target_logits
+from ..heads.io import load_head, save_head
+from ..sampling import probs_from_logits
+from .base import Context, Drafter
+
+KIND = "eagle"
+
+
+class Eagle(Drafter):
+    """Eagle(head_params, cfg, metadata) or Eagle.load(path); serves the target it was trained on."""
+
+    def __init__(self, head_params: dict, cfg: EagleConfig, metadata: dict | None = None):
+        self.head_params, self.cfg, self.metadata = head_params, cfg, dict(metadata or {})
+        self.hidden_layers = tuple(cfg.feature_layers)
+
+    @classmethod
+    def load(cls, path: str) -> "Eagle":
+        config, params, meta = load_head(path, KIND)
+        config["feature_layers"] = tuple(config["feature_layers"])
+        return cls(params, EagleConfig(**config), meta)
+
+    def save(self, path: str) -> None:
+        save_head(path, KIND, self.cfg.__dict__, self.head_params, self.metadata)
+
+    def __repr__(self):
+        return f"Eagle(layers {self.cfg.feature_layers}, draft vocab {self.cfg.draft_vocab_size})"
+
+    def static_key(self):
+        return (KIND, self.cfg)
+
+    def check_target(self, model) -> None:
+        c, t = self.cfg, model.config
+        if (c.target_vocab_size, c.hidden_size) != (t.vocab_size, t.hidden_size):
+            raise ValueError(f"EAGLE head is for a target with vocabulary {c.target_vocab_size} and width "
+                             f"{c.hidden_size}, not {t.vocab_size} and {t.hidden_size}")
+        want = self.metadata.get("target_fingerprint")
+        if want and want != model.fingerprint:
+            raise ValueError(f"EAGLE head was trained for target {self.metadata.get('target')!r} "
+                             f"(weights {want}), not for this model (weights {model.fingerprint})")
+
+    def params_for(self, model):
+        return {"head": self.head_params, "embed": model.params["embed"]}
+
+    def init(self, params, prompts, lengths, capacity, features):
+        """Write the prompt's pairs (feature_t, prompt_{t+1}) for t < length - 1."""
+        B = prompts.shape[0]
+        cache = init_cache(self.cfg.cache_config(), B, capacity, params["head"]["fc"].dtype)
+        nxt = jnp.concatenate([prompts[:, 1:], jnp.zeros((B, 1), prompts.dtype)], axis=1)
+        g = fuse_features(params["head"], features)
+        _, _, cache = eagle_step(params["head"], params["embed"], g, nxt, cache, self.cfg)
+        return rollback(cache, lengths - 1), jnp.zeros((B,), jnp.int32)
+
+    def propose(self, params, state, ctx: Context, key, num_draft: int):
+        head, embed, cfg = params["head"], params["embed"], self.cfg
+        cache, n_prev = state
+        B, K = ctx.last.shape[0], num_draft
+        rows = jnp.arange(B)
+        target_len = ctx.history_len - 1
+        # the n_prev + 1 pairs left by the last verify pass (padded to K + 1, the rest masked)
+        first_pos = target_len - n_prev - 1
+        tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(K + 1), ctx.history.shape[1] - 1)
+        tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
+        cache = rollback(cache, first_pos)
+        h, logits, cache = eagle_step(head, embed, fuse_features(head, ctx.features), tokens, cache, cfg)
+        cache = rollback(cache, target_len)
+        h, logits = h[rows, n_prev][:, None], logits[rows, n_prev]
+        keys = jax.random.split(key, K)
+
+        def draw(draft_logits, k):
+            q = probs_from_logits(to_target_logits(head, draft_logits, cfg.target_vocab_size), ctx.sampling)
+            return jax.random.categorical(k, jnp.log(q), axis=-1).astype(jnp.int32), q
+
+        tok, q = draw(logits, keys[0])
+
+        def step(carry, k):
+            cache, h, tok = carry
+            h, logits, cache = eagle_step(head, embed, h, tok[:, None], cache, cfg)
+            nxt, q = draw(logits[:, 0], k)
+            return (cache, h, nxt), (nxt, q)
+
+        (cache, _, _), (toks, qs) = jax.lax.scan(step, (cache, h, tok), keys[1:])
+        tokens = jnp.concatenate([tok[:, None], jnp.swapaxes(toks, 0, 1)], axis=1)
+        probs = jnp.concatenate([q[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+        return tokens, probs, (cache, n_prev)
+
+    def commit(self, params, state, ctx: Context, num_accepted):
+        return state[0], num_accepted

@@ -1,0 +1,4 @@
+"""Draft heads that read the target's features (shared by jaxspec.drafters and train/)."""
+from .eagle import EagleConfig, eagle_step, fuse_features, init_eagle_params
+
+__all__ = ["EagleConfig", "eagle_step", "fuse_features", "init_eagle_params"]

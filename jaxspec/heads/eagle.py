@@ -1,0 +1,113 @@
+"""EAGLE-3-style draft head (Li et al. 2025, "EAGLE-3"; EAGLE, Li et al. 2024).
+
+Target hidden states from a low, a middle and a high layer are fused by one linear map
+(fc: [N, E, E]). One decoder layer reads, at position t, the pair (feature_t, token_{t+1}):
+its attention input joins RMSNorm(embedding of token_{t+1}) and RMSNorm(feature_t) ([B, T, 2E]);
+its residual stream starts from feature_t. Its output h_t predicts token_{t+2} through a
+reduced draft vocabulary (Vd most frequent target tokens, d2t maps draft -> target ids).
+When drafting further, h_t replaces the target feature. The target's embeddings are frozen and
+shared, never copied into the head.
+
+Params: fc [N, E, E]; embed_norm, feature_norm [E]; wq [2E, H, D], wk/wv [2E, G, D], wo [H, D, E];
+mlp_norm [E]; w_gate/w_up [E, F], w_down [F, E]; norm [E]; lm_head [E, Vd]; d2t int32[Vd].
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ..cache import KVCache, advance, attention_mask, positions, write_layer
+from ..config import ModelConfig
+from ..models.llama import apply_rope, attend, rms_norm, rope_angles
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+    hidden_size: int            # E (the target's)
+    intermediate_size: int      # F
+    num_heads: int              # H
+    num_kv_heads: int           # G
+    head_dim: int               # D
+    rope_theta: float
+    rms_norm_eps: float
+    target_vocab_size: int      # V
+    draft_vocab_size: int       # Vd
+    feature_layers: tuple       # target hidden-stream indices fused (low, middle, high)
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, draft_vocab_size: int, feature_layers=None) -> "EagleConfig":
+        L = target.num_layers
+        layers = tuple(feature_layers) if feature_layers else (2, L // 2, L - 2)
+        if not all(0 <= j <= L for j in layers):
+            raise ValueError(f"feature_layers {layers} outside [0, {L}]")
+        if not 1 <= draft_vocab_size <= target.vocab_size:
+            raise ValueError(f"draft_vocab_size must lie in [1, {target.vocab_size}], got {draft_vocab_size}")
+        return cls(target.hidden_size, target.intermediate_size, target.num_heads, target.num_kv_heads,
+                   target.head_dim, target.rope_theta, target.rms_norm_eps, target.vocab_size,
+                   int(draft_vocab_size), layers)
+
+    def cache_config(self) -> ModelConfig:
+        """The one-layer shape of the head's KV cache."""
+        return ModelConfig(vocab_size=self.target_vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_layers=1, num_heads=self.num_heads,
+                           num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
+
+
+def init_eagle_params(cfg: EagleConfig, key: jax.Array, d2t=None, lm_head=None, dtype=jnp.float32,
+                      scale: float = 0.02) -> dict:
+    """Random init; the fuse map starts as the mean of the features, lm_head may start from the
+    target's rows for the draft vocabulary (lm_head [E, Vd])."""
+    E, F, H, G, D, Vd = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                         cfg.head_dim, cfg.draft_vocab_size)
+    N = len(cfg.feature_layers)
+    ks = jax.random.split(key, 8)
+    normal = lambda k, shape: (scale * jax.random.normal(k, shape)).astype(dtype)
+    params = {
+        "fc": (jnp.broadcast_to(jnp.eye(E) / N, (N, E, E)) + normal(ks[0], (N, E, E))).astype(dtype),
+        "embed_norm": jnp.ones((E,), dtype), "feature_norm": jnp.ones((E,), dtype),
+        "wq": normal(ks[1], (2 * E, H, D)), "wk": normal(ks[2], (2 * E, G, D)), "wv": normal(ks[3], (2 * E, G, D)),
+        "wo": normal(ks[4], (H, D, E)), "mlp_norm": jnp.ones((E,), dtype),
+        "w_gate": normal(ks[5], (E, F)), "w_up": normal(ks[6], (E, F)), "w_down": normal(ks[7], (F, E)),
+        "norm": jnp.ones((E,), dtype),
+        "lm_head": (normal(jax.random.fold_in(key, 9), (E, Vd)) if lm_head is None
+                    else jnp.asarray(lm_head, dtype)),
+        "d2t": jnp.arange(Vd, dtype=jnp.int32) if d2t is None else jnp.asarray(d2t, jnp.int32),
+    }
+    return params
+
+
+def fuse_features(params, feats: jax.Array) -> jax.Array:
+    """Target features [N, B, T, E] (low, mid, high) -> one feature [B, T, E]."""
+    return jnp.einsum("nbte,nef->btf", feats.astype(params["fc"].dtype), params["fc"])
+
+
+def eagle_step(params, embed: jax.Array, feature: jax.Array, tokens: jax.Array, cache: KVCache,
+               cfg: EagleConfig):
+    """Pairs (feature[B, T, E], tokens int32[B, T]) written at each row's cache length ->
+    (h [B, T, E], draft logits float32[B, T, Vd], cache with length += T). embed: the target's [V, E]."""
+    T = tokens.shape[1]
+    pos = positions(cache, T)
+    cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta)
+    e = rms_norm(embed[tokens].astype(feature.dtype), params["embed_norm"], cfg.rms_norm_eps)
+    f = rms_norm(feature, params["feature_norm"], cfg.rms_norm_eps)
+    x = jnp.concatenate([e, f], axis=-1)                                   # [B, T, 2E]
+    q = apply_rope(jnp.einsum("btc,chd->bthd", x, params["wq"]), cos, sin)
+    k = apply_rope(jnp.einsum("btc,cgd->btgd", x, params["wk"]), cos, sin)
+    v = jnp.einsum("btc,cgd->btgd", x, params["wv"])
+    cache = write_layer(cache, 0, k, v, pos)
+    attn = attend(q, cache.k[0], cache.v[0], attention_mask(pos, cache.capacity))
+    h = feature + jnp.einsum("bthd,hde->bte", attn, params["wo"])
+    m = rms_norm(h, params["mlp_norm"], cfg.rms_norm_eps)
+    h = h + jnp.einsum("btf,fe->bte", jax.nn.silu(m @ params["w_gate"]) * (m @ params["w_up"]),
+                       params["w_down"])
+    logits = jnp.einsum("bte,ev->btv", rms_norm(h, params["norm"], cfg.rms_norm_eps), params["lm_head"],
+                        preferred_element_type=jnp.float32)
+    return h, logits, advance(cache, T)
+
+
+def to_target_logits(params, draft_logits: jax.Array, vocab_size: int) -> jax.Array:
+    """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V] (-inf off the draft vocab)."""
+    full = jnp.full(draft_logits.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
+    return full.at[..., params["d2t"]].set(draft_logits.astype(jnp.float32))

@@ -1,0 +1,45 @@
+"""Shipped heads on disk: params.safetensors (flattened pytree) + head.json (kind, config, metadata)."""
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from safetensors.flax import load_file, save_file
+
+PARAMS, META = "params.safetensors", "head.json"
+
+
+def save_head(path: str, kind: str, config: dict, params: dict, metadata: dict, dtype=jnp.bfloat16) -> None:
+    """Write a head; float arrays are stored as `dtype` (bfloat16 keeps shipped heads small)."""
+    os.makedirs(path, exist_ok=True)
+    flat = {k: (v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v) for k, v in params.items()}
+    save_file(flat, os.path.join(path, PARAMS))
+    with open(os.path.join(path, META), "w") as f:
+        json.dump({"kind": kind, "config": config, "metadata": metadata}, f, indent=1, default=_plain)
+
+
+def _plain(x):
+    if isinstance(x, (np.integer, np.floating)):
+        return x.item()
+    if isinstance(x, tuple):
+        return list(x)
+    raise TypeError(f"cannot store {type(x).__name__} in head.json")
+
+
+def load_head(path: str, kind: str, dtype=jnp.float32) -> tuple[dict, dict, dict]:
+    """-> (config dict, params, metadata); ValueError for a missing, truncated or foreign head."""
+    meta_path, params_path = os.path.join(path, META), os.path.join(path, PARAMS)
+    if not os.path.isfile(meta_path) or not os.path.isfile(params_path):
+        raise ValueError(f"{path} is not a {kind} head: it needs {META} and {PARAMS}")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+        params = load_file(params_path)
+    except Exception as e:
+        raise ValueError(f"cannot read the {kind} head in {path} (corrupt or truncated?): {e}") from e
+    if meta.get("kind") != kind:
+        raise ValueError(f"{path} holds a {meta.get('kind')!r} head, not {kind!r}")
+    params = {k: (v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v) for k, v in params.items()}
+    return meta["config"], params, meta.get("metadata", {})

@@ -1,0 +1,93 @@
+"""EAGLE head and drafter: feature/token alignment against a one-shot computation, losslessness,
+save/load, and refusal of a head made for another target (tiny random models)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.cache import init_cache
+from jaxspec.drafters import Eagle
+from jaxspec.drafters.base import Context
+from jaxspec.heads import EagleConfig, eagle_step, fuse_features, init_eagle_params
+from jaxspec.heads.eagle import to_target_logits
+from jaxspec.models import forward
+from jaxspec.sampling import Sampling, row_params
+
+from .conftest import TINY, tiny_model
+
+LAYERS = (0, 1, 2)
+
+
+def _eagle(seed=3, vd=48):
+    cfg = EagleConfig.for_target(TINY, draft_vocab_size=vd, feature_layers=LAYERS)
+    d2t = np.random.RandomState(seed).permutation(TINY.vocab_size)[:vd]
+    return Eagle(init_eagle_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, scale=0.3), cfg)
+
+
+def _one_shot_q(m, e, seq):
+    """Draft distribution for the token after seq[-1], from all pairs (feature_t, seq[t+1]) at once."""
+    feats = forward(m.params, jnp.asarray([seq[:-1]]), init_cache(TINY, 1, 64), TINY, LAYERS)[1]
+    head = e.head_params
+    g = fuse_features(head, feats)
+    _, logits, _ = eagle_step(head, m.params["embed"], g, jnp.asarray([seq[1:]]), init_cache(
+        e.cfg.cache_config(), 1, 64), e.cfg)
+    return jax.nn.softmax(to_target_logits(head, logits[:, -1], TINY.vocab_size), -1)[0]
+
+
+def test_incremental_drafting_matches_one_shot_pairs():
+    m, e = tiny_model(), _eagle()
+    params = e.params_for(m)
+    prompt = [5, 9, 2, 7, 7, 1]
+    P, K = len(prompt), 2
+    first, corr = 11, 23
+    sampling = row_params(Sampling(temperature=1.0), 1)
+    prompt_feats = forward(m.params, jnp.asarray([prompt]), init_cache(TINY, 1, 64), TINY, LAYERS)[1]
+    state = e.init(params, jnp.asarray([prompt]), jnp.asarray([P]), 64, prompt_feats)
+    history = jnp.zeros((1, 64), jnp.int32).at[0, :P + 1].set(jnp.asarray(prompt + [first]))
+    feats = jnp.zeros((3, 1, K + 1, TINY.hidden_size)).at[:, :, 0].set(prompt_feats[:, :, P - 1])
+    ctx = Context(jnp.asarray([first]), history, jnp.asarray([P + 1]), sampling, feats)
+    _, q, state = e.propose(params, state, ctx, jax.random.PRNGKey(0), K)
+    np.testing.assert_allclose(q[0, 0], _one_shot_q(m, e, prompt + [first]), atol=1e-5)
+
+    # the target verifies [first, d1, d2] and rejects d1: the correction `corr` follows `first`
+    cache = init_cache(TINY, 1, 64)
+    cache = forward(m.params, jnp.asarray([prompt]), cache, TINY)[2]
+    verify_feats = forward(m.params, jnp.asarray([[first, 3, 4]]), cache, TINY, LAYERS)[1]
+    state = e.commit(params, state, ctx, jnp.asarray([0]))
+    history = history.at[0, P + 1].set(corr)
+    ctx = Context(jnp.asarray([corr]), history, jnp.asarray([P + 2]), sampling, verify_feats)
+    _, q, _ = e.propose(params, state, ctx, jax.random.PRNGKey(1), K)
+    np.testing.assert_allclose(q[0, 0], _one_shot_q(m, e, prompt + [first, corr]), atol=1e-5)
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_eagle_greedy_lossless_and_sampling_set(K):
+    m, e = tiny_model(), _eagle()
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7, 8, 9, 10, 11, 12, 4, 5], [7]]
+    plain = jaxspec.generate(m, prompts, max_new_tokens=20).tokens
+    out = jaxspec.generate(m, prompts, max_new_tokens=20, drafter=e, num_draft_tokens=K)
+    assert out.tokens == plain
+    assert len(out.stats.per_position_acceptance) == K
+
+
+def test_save_load_round_trip_and_target_guard(tmp_path):
+    m, e = tiny_model(), _eagle()
+    e.metadata = {"target": "tiny", "target_fingerprint": m.fingerprint}
+    e.save(str(tmp_path / "head"))
+    back = Eagle.load(str(tmp_path / "head"))
+    assert back.cfg == e.cfg and back.metadata == e.metadata
+    for k, v in e.head_params.items():   # stored as bfloat16
+        np.testing.assert_allclose(np.asarray(back.head_params[k], np.float32),
+                                   np.asarray(v.astype(jnp.bfloat16), np.float32))
+    back.check_target(m)
+    other = tiny_model(seed=5)
+    with pytest.raises(ValueError, match="trained for target 'tiny'"):
+        jaxspec.generate(other, [[1, 2]], max_new_tokens=4, drafter=back)
+    (tmp_path / "head" / "params.safetensors").write_bytes(b"\x00" * 20)
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        Eagle.load(str(tmp_path / "head"))
+    with pytest.raises(ValueError, match="needs head.json"):
+        Eagle.load(str(tmp_path / "nothing"))
