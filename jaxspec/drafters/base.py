@@ -10,9 +10,12 @@ probs=None means the draft is deterministic (argmax or lookup): q is one-hot on 
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
+
+from ..sampling import probs_from_logits
 
 
 class Context(NamedTuple):
@@ -51,3 +54,28 @@ class Drafter:
 
     def commit(self, params, state, ctx: Context, num_accepted):
         return state
+
+
+def sample_chain(first_logits: jax.Array, step: Callable, carry, key, num_draft: int, sampling: dict):
+    """Draw K draft tokens autoregressively with the target's sampling settings.
+
+    first_logits [B, V] give token 1; step(carry, token int32[B]) -> (carry, logits [B, V]) gives
+    each next one. -> (tokens int32[B, K], probs [B, K, V] the distributions drawn from, carry)."""
+    keys = jax.random.split(key, num_draft)
+
+    def draw(logits, k):
+        q = probs_from_logits(logits, sampling)
+        return jax.random.categorical(k, jnp.log(q), axis=-1).astype(jnp.int32), q
+
+    tok, q = draw(first_logits, keys[0])
+
+    def body(state, k):
+        carry, tok = state
+        carry, logits = step(carry, tok)
+        nxt, q = draw(logits, k)
+        return (carry, nxt), (nxt, q)
+
+    (carry, _), (toks, qs) = jax.lax.scan(body, (carry, tok), keys[1:])
+    tokens = jnp.concatenate([tok[:, None], jnp.swapaxes(toks, 0, 1)], axis=1)
+    probs = jnp.concatenate([q[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+    return tokens, probs, carry

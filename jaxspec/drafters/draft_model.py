@@ -9,8 +9,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..model import Model
 from ..models import forward
-from ..sampling import probs_from_logits
-from .base import Context, Drafter
+from .base import Context, Drafter, sample_chain
 
 
 def same_tokenizer(a, b) -> bool:
@@ -82,27 +81,13 @@ class DraftModel(Drafter):
 
     def propose(self, params, cache, ctx: Context, key, num_draft: int):
         cfg = self.model.config
-        B = ctx.last.shape[0]
         start = ctx.history_len - 2                               # slot of the token before `last`
         prev = jnp.take_along_axis(ctx.history, start[:, None], axis=1)[:, 0]
         cache = rollback(cache, start)
         logits, _, cache = forward(params, jnp.stack([prev, ctx.last], axis=1), cache, cfg)
-        keys = jax.random.split(key, num_draft)
 
-        def draw(logits_last, k):
-            q = probs_from_logits(logits_last, ctx.sampling)     # [B, V]
-            tok = jax.random.categorical(k, jnp.log(q), axis=-1).astype(jnp.int32)
-            return tok, q
-
-        tok, q = draw(logits[:, -1], keys[0])
-
-        def step(carry, k):
-            cache, tok = carry
+        def step(cache, tok):
             logits, _, cache = forward(params, tok[:, None], cache, cfg)
-            nxt, q = draw(logits[:, 0], k)
-            return (cache, nxt), (nxt, q)
+            return cache, logits[:, 0]
 
-        (cache, _), (toks, qs) = jax.lax.scan(step, (cache, tok), keys[1:])
-        tokens = jnp.concatenate([tok[:, None], toks.T.reshape(B, num_draft - 1)], axis=1)
-        probs = jnp.concatenate([q[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
-        return tokens, probs, cache
+        return sample_chain(logits[:, -1], step, cache, key, num_draft, ctx.sampling)

@@ -13,8 +13,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, eagle_step, fuse_features, to_target_logits
 from ..heads.io import load_head, save_head
-from ..sampling import probs_from_logits
-from .base import Context, Drafter
+from .base import Context, Drafter, sample_chain
 
 KIND = "eagle"
 
@@ -76,24 +75,15 @@ class Eagle(Drafter):
         cache = rollback(cache, first_pos)
         h, logits, cache = eagle_step(head, embed, fuse_features(head, ctx.features), tokens, cache, cfg)
         cache = rollback(cache, target_len)
-        h, logits = h[rows, n_prev][:, None], logits[rows, n_prev]
-        keys = jax.random.split(key, K)
+        to_vocab = lambda draft_logits: to_target_logits(head, draft_logits, cfg.target_vocab_size)
 
-        def draw(draft_logits, k):
-            q = probs_from_logits(to_target_logits(head, draft_logits, cfg.target_vocab_size), ctx.sampling)
-            return jax.random.categorical(k, jnp.log(q), axis=-1).astype(jnp.int32), q
-
-        tok, q = draw(logits, keys[0])
-
-        def step(carry, k):
-            cache, h, tok = carry
+        def step(carry, tok):
+            cache, h = carry
             h, logits, cache = eagle_step(head, embed, h, tok[:, None], cache, cfg)
-            nxt, q = draw(logits[:, 0], k)
-            return (cache, h, nxt), (nxt, q)
+            return (cache, h), to_vocab(logits[:, 0])
 
-        (cache, _, _), (toks, qs) = jax.lax.scan(step, (cache, h, tok), keys[1:])
-        tokens = jnp.concatenate([tok[:, None], jnp.swapaxes(toks, 0, 1)], axis=1)
-        probs = jnp.concatenate([q[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+        tokens, probs, (cache, _) = sample_chain(to_vocab(logits[rows, n_prev]), step,
+                                                 (cache, h[rows, n_prev][:, None]), key, K, ctx.sampling)
         return tokens, probs, (cache, n_prev)
 
     def commit(self, params, state, ctx: Context, num_accepted):
