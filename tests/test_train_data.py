@@ -82,3 +82,18 @@ def test_settings_guard_and_bad_input(tmp_path, prompt_file):
         list(data.iter_examples(out))
     with pytest.raises(ValueError, match="no data shards"):
         list(data.iter_examples(str(tmp_path)))
+
+
+def test_draft_vocabulary_takes_the_most_frequent_answer_tokens(tmp_path):
+    from train.vocab import draft_vocabulary
+
+    out = str(tmp_path / "d")
+    os.makedirs(out)
+    seqs = [([1, 2, 3], [7, 7, 7, 5]), ([9], [5, 7, 4])]     # (prompt, answer): prompt tokens do not count
+    tokens = np.concatenate([np.asarray(p + a, np.uint16) for p, a in seqs])
+    np.savez(os.path.join(out, "shard-00000.npz"), tokens=tokens,
+             lengths=np.asarray([7, 4], np.int32), prompt_lengths=np.asarray([3, 1], np.int32))
+    d2t, coverage = draft_vocabulary(out, 10, 2)
+    assert d2t.tolist() == [7, 5] and coverage == pytest.approx(6 / 7)
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        draft_vocabulary(out, 10, 11)

@@ -83,28 +83,40 @@ def fuse_features(params, feats: jax.Array) -> jax.Array:
     return jnp.einsum("nbte,nef->btf", feats.astype(params["fc"].dtype), params["fc"])
 
 
-def eagle_step(params, embed: jax.Array, feature: jax.Array, tokens: jax.Array, cache: KVCache,
-               cfg: EagleConfig):
-    """Pairs (feature[B, T, E], tokens int32[B, T]) written at each row's cache length ->
-    (h [B, T, E], draft logits float32[B, T, Vd], cache with length += T). embed: the target's [V, E]."""
-    T = tokens.shape[1]
-    pos = positions(cache, T)
+def eagle_qkv(params, embed: jax.Array, feature: jax.Array, tokens: jax.Array, pos: jax.Array,
+              cfg: EagleConfig):
+    """Attention inputs for pairs (feature [B, T, E], tokens [B, T]) at positions pos [B, T]:
+    q [B, T, H, D] and k, v [B, T, G, D], RoPE applied."""
     cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta)
     e = rms_norm(embed[tokens].astype(feature.dtype), params["embed_norm"], cfg.rms_norm_eps)
     f = rms_norm(feature, params["feature_norm"], cfg.rms_norm_eps)
     x = jnp.concatenate([e, f], axis=-1)                                   # [B, T, 2E]
     q = apply_rope(jnp.einsum("btc,chd->bthd", x, params["wq"]), cos, sin)
     k = apply_rope(jnp.einsum("btc,cgd->btgd", x, params["wk"]), cos, sin)
-    v = jnp.einsum("btc,cgd->btgd", x, params["wv"])
-    cache = write_layer(cache, 0, k, v, pos)
-    attn = attend(q, cache.k[0], cache.v[0], attention_mask(pos, cache.capacity))
+    return q, k, jnp.einsum("btc,cgd->btgd", x, params["wv"])
+
+
+def eagle_out(params, feature: jax.Array, attn: jax.Array, cfg: EagleConfig):
+    """Residual from the feature, attention output attn [B, T, H, D], MLP -> (h [B, T, E], logits [B, T, Vd])."""
     h = feature + jnp.einsum("bthd,hde->bte", attn, params["wo"])
     m = rms_norm(h, params["mlp_norm"], cfg.rms_norm_eps)
     h = h + jnp.einsum("btf,fe->bte", jax.nn.silu(m @ params["w_gate"]) * (m @ params["w_up"]),
                        params["w_down"])
     logits = jnp.einsum("bte,ev->btv", rms_norm(h, params["norm"], cfg.rms_norm_eps), params["lm_head"],
                         preferred_element_type=jnp.float32)
-    return h, logits, advance(cache, T)
+    return h, logits
+
+
+def eagle_step(params, embed: jax.Array, feature: jax.Array, tokens: jax.Array, cache: KVCache,
+               cfg: EagleConfig):
+    """Pairs (feature[B, T, E], tokens int32[B, T]) written at each row's cache length ->
+    (h [B, T, E], draft logits float32[B, T, Vd], cache with length += T). embed: the target's [V, E]."""
+    pos = positions(cache, tokens.shape[1])
+    q, k, v = eagle_qkv(params, embed, feature, tokens, pos, cfg)
+    cache = write_layer(cache, 0, k, v, pos)
+    attn = attend(q, cache.k[0], cache.v[0], attention_mask(pos, cache.capacity))
+    h, logits = eagle_out(params, feature, attn, cfg)
+    return h, logits, advance(cache, tokens.shape[1])
 
 
 def to_target_logits(params, draft_logits: jax.Array, vocab_size: int) -> jax.Array:
