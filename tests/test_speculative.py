@@ -2,9 +2,7 @@
 draws from the target's own distribution; plus statistics, EOS handling and bad input."""
 from __future__ import annotations
 
-import itertools
 
-import jax
 import numpy as np
 import pytest
 from scipy import stats

@@ -7,7 +7,6 @@ draft, then drafts on from its own outputs. Rollback of the head's cache is a le
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from ..cache import init_cache, rollback
