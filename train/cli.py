@@ -10,6 +10,7 @@ DEFAULT_PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", 
 
 def cmd_data(args) -> int:
     import jaxspec
+
     from . import data
 
     model = jaxspec.load(args.target)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -95,21 +95,32 @@ def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, h
     return manifest
 
 
+def shard_names(data_dir: str) -> list[str]:
+    """The complete data shards in `data_dir`, in order."""
+    if not os.path.isdir(data_dir):
+        raise ValueError(f"data folder not found: {data_dir}")
+    names = sorted(f for f in os.listdir(data_dir) if f.startswith("shard-") and f.endswith(".npz")
+                   and ".tmp" not in f)
+    if not names:
+        raise ValueError(f"{data_dir} holds no data shards: run `jaxspec train data` first")
+    return names
+
+
+def read_shard(data_dir: str, name: str) -> tuple[list[np.ndarray], list[int]]:
+    """-> (token ids int32[T] per example, prompt length per example)."""
+    try:
+        with np.load(os.path.join(data_dir, name)) as z:
+            tokens, lengths, plens = z["tokens"], z["lengths"], z["prompt_lengths"]
+    except Exception as e:
+        raise ValueError(f"cannot read data shard {name} in {data_dir}: {e}") from e
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+    return [tokens[s:s + n].astype(np.int32) for s, n in zip(starts, lengths)], [int(p) for p in plens]
+
+
 def iter_examples(data_dir: str) -> Iterator[tuple[np.ndarray, int]]:
     """Yield (token ids int32[T], prompt length) for every stored example, shard by shard."""
-    shards = sorted(f for f in os.listdir(data_dir) if f.startswith("shard-") and f.endswith(".npz")
-                    and ".tmp" not in f)
-    if not shards:
-        raise ValueError(f"{data_dir} holds no data shards: run `jaxspec train data` first")
-    for name in shards:
-        try:
-            with np.load(os.path.join(data_dir, name)) as z:
-                tokens, lengths, plens = z["tokens"], z["lengths"], z["prompt_lengths"]
-        except Exception as e:
-            raise ValueError(f"cannot read data shard {name} in {data_dir}: {e}") from e
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        for start, n, p in zip(starts, lengths, plens):
-            yield tokens[start:start + n].astype(np.int32), int(p)
+    for name in shard_names(data_dir):
+        yield from zip(*read_shard(data_dir, name))
 
 
 def summary(data_dir: str) -> dict:

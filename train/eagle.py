@@ -8,10 +8,28 @@ token_{t+2}; its soft target is the target's distribution at t+1, restricted to 
 """
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import jax
 import jax.numpy as jnp
 
-from jaxspec.heads.eagle import EagleConfig, eagle_out, eagle_qkv, fuse_features
+from jaxspec.drafters import Eagle
+from jaxspec.heads.eagle import (
+    EagleConfig,
+    eagle_out,
+    eagle_qkv,
+    fuse_features,
+    init_eagle_params,
+)
+
+from . import loop
+from .acceptance import acceptance
+from .batches import FeatureBatches
+from .data import MANIFEST, summary
+from .features import bits_to_float, cache_features
+from .vocab import draft_vocabulary
 
 
 def _shift(x: jax.Array, by: int) -> jax.Array:
@@ -76,3 +94,82 @@ def ttt_loss(params, embed, feats, tokens, target_logits, loss_mask, cfg: EagleC
 def _shift_left(x: jax.Array) -> jax.Array:
     """x [B, T, ...] -> x[:, t+1] at t (last position repeats; it is masked out by callers)."""
     return jnp.concatenate([x[:, 1:], x[:, -1:]], axis=1)
+
+
+def eagle_loss(params, frozen, batch, cfg: EagleConfig, steps: int):
+    """The training loss on one batch of cached features (train/batches.py).
+
+    frozen: {"embed": [V, E] target embeddings, "target_head": [E, Vd] the target's output rows of the
+    draft vocabulary, "d2t": int32[Vd]}. feats hold the N feature layers then the target's final
+    normed hidden state, whose product with target_head gives the target's draft-vocabulary logits."""
+    feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
+    target_logits = jnp.einsum("bte,ev->btv", feats[:, :, -1], frozen["target_head"],
+                               preferred_element_type=jnp.float32)
+    head = {**params, "d2t": frozen["d2t"]}
+    return ttt_loss(head, frozen["embed"], feats[:, :, :-1].transpose(2, 0, 1, 3), batch["tokens"],
+                    target_logits, batch["mask"], cfg, steps)
+
+
+def target_head_rows(target_params, d2t) -> jax.Array:
+    """The target's output matrix restricted to the draft vocabulary: [E, Vd]."""
+    if "lm_head" in target_params:
+        return target_params["lm_head"][:, d2t]
+    return target_params["embed"][d2t].T
+
+
+def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,
+                ttt_steps: int = 5, feature_layers=None, tokens_per_batch: int = 4096, seed: int = 0,
+                resume: bool = False, eval_prompts=None, eval_tokens: int = 64, progress: bool = True,
+                on_step=None):
+    """Train an EAGLE head for `model` on the self-distilled data in data_dir; save it to out_dir.
+
+    Returns the Eagle drafter. eval_prompts (token-id lists) are decoded with the head every
+    train_cfg.eval_every steps and at the end; the last result goes into the head's metadata."""
+    t_start = time.time()
+    vocab = model.config.vocab_size
+    cfg = EagleConfig.for_target(model.config, min(draft_vocab_size, vocab), feature_layers)
+    d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size)
+    feat_dir = cache_features(model, data_dir, cfg.feature_layers, progress=progress)
+    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed)
+    target_head = target_head_rows(model.params, d2t)
+    params = init_eagle_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, lm_head=target_head)
+    d2t = params.pop("d2t")
+    frozen = {"embed": model.params["embed"], "target_head": target_head, "d2t": d2t}
+    with open(os.path.join(data_dir, MANIFEST)) as f:
+        data_settings = json.load(f)["settings"]
+    settings = {"kind": "eagle", "target": model.source, "target_fingerprint": model.fingerprint,
+                "data": data_settings, "draft_vocab_size": cfg.draft_vocab_size, "ttt_steps": ttt_steps,
+                "feature_layers": list(cfg.feature_layers), "tokens_per_batch": tokens_per_batch, "seed": seed,
+                "examples": len(batches.seqs)}
+    metadata = {"target": model.source, "target_fingerprint": model.fingerprint}
+
+    def drafter_of(p):
+        return Eagle({**p, "d2t": d2t}, cfg, metadata)
+
+    evaluate = (lambda p: acceptance(model, drafter_of(p), eval_prompts, eval_tokens)) if eval_prompts else None
+    loss_fn = lambda p, fz, b: eagle_loss(p, fz, b, cfg, ttt_steps)
+    params, record = loop.fit(loss_fn, params, frozen, batches, train_cfg, out_dir, settings, resume=resume,
+                              evaluate=evaluate, progress=progress, on_step=on_step)
+    last_eval = _last_eval(out_dir)
+    counts = summary(data_dir)
+    metadata.update({
+        "data": {**counts, "tokens_trained_on": batches.num_tokens, "draft_vocab_coverage": round(coverage, 4),
+                 "prompts_file": data_settings["prompts_file"]},
+        "training": {"steps": train_cfg.steps, "ttt_steps": ttt_steps, "tokens_per_batch": tokens_per_batch,
+                     "lr": train_cfg.lr, "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
+                     "seconds_this_run": round(time.time() - t_start, 1)},
+        "heldout_acceptance": last_eval})
+    drafter_of(params).save(out_dir)                      # bfloat16 on disk
+    return Eagle.load(out_dir)
+
+
+def _last_eval(out_dir: str):
+    last = None
+    path = os.path.join(out_dir, loop.METRICS)
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if "eval" in rec:
+                    last = {"step": rec["step"], **rec["eval"]}
+    return last

@@ -1,0 +1,153 @@
+"""The training loop on a tiny target: EAGLE learns, resume after a kill is exact, corrupt checkpoints
+fail clearly, and the data-parallel step on 4 devices equals the single-device step."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.drafters import Eagle
+from jaxspec.heads import EagleConfig, init_eagle_params
+from jaxspec.model import Model
+from jaxspec.models import init_params
+from train import data, loop
+from train.acceptance import acceptance, heldout_prompts
+from train.eagle import target_head_rows, train_eagle
+
+from .conftest import TINY, ByteTokenizer
+
+LAYERS = (0, 1, 2)
+CHAIN = dataclasses.replace(TINY, hidden_size=TINY.vocab_size)
+
+
+def chain_model() -> Model:
+    """A tiny target whose greedy text is predictable: one-hot embeddings, an output head that maps
+    token v to perm[v], small random layers. An untrained head (its output rows copied from the
+    target) predicts the token the target already emitted, so acceptance starts near zero."""
+    V = CHAIN.vocab_size
+    params = init_params(CHAIN, jax.random.PRNGKey(0), scale=0.02)
+    perm = np.random.default_rng(1).permutation(V)
+    params["embed"] = jnp.eye(V)
+    params["lm_head"] = jnp.asarray(np.eye(V)[:, perm] * 4.0, jnp.float32)
+    return Model(CHAIN, params, ByteTokenizer(), "chain")
+EAGLE_KW = dict(draft_vocab_size=64, ttt_steps=3, feature_layers=LAYERS, tokens_per_batch=256, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    prompts = root / "prompts.jsonl"
+    rng = np.random.default_rng(0)
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.choice(["ab", "cd", "ef", "gh", "ij"], 6))})
+                               + "\n" for _ in range(80)))
+    m = chain_model()
+    out = str(root / "data")
+    data.make_data(m, str(prompts), out, num_prompts=64, heldout=8, max_new_tokens=24, batch_size=16,
+                   shard_size=32, progress=False)
+    return m, out, str(prompts)
+
+
+def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path):
+    m, data_dir, prompts = tiny_data
+    held = heldout_prompts(m, data_dir, prompts, 8)
+    cfg = loop.TrainConfig(steps=120, lr=3e-3, warmup=10, save_every=60, eval_every=60, log_every=10)
+    drafter = train_eagle(m, data_dir, str(tmp_path / "eagle"), cfg, eval_prompts=held, eval_tokens=24, **EAGLE_KW)
+    records = [json.loads(line) for line in open(tmp_path / "eagle" / loop.METRICS)]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses[-1] < 0.8 * losses[0]
+    assert {"lr", "tokens_per_s", "top1_j", "loss_j", "grad_norm"} <= set(records[0])
+    assert [r["step"] for r in records if "eval" in r] == [60, 120]
+
+    ecfg = EagleConfig.for_target(CHAIN, 64, LAYERS)
+    d2t = drafter.head_params["d2t"]
+    untrained = Eagle(init_eagle_params(ecfg, jax.random.PRNGKey(0), d2t=d2t,
+                                        lm_head=target_head_rows(m.params, d2t)), ecfg)
+    before = acceptance(m, untrained, held, 24)["mean_accepted_length"]
+    after = acceptance(m, drafter, held, 24)["mean_accepted_length"]
+    print(f"tiny EAGLE mean accepted length: untrained {before:.2f}, trained {after:.2f}")
+    assert after > before + 1.0
+    assert drafter.metadata["heldout_acceptance"]["step"] == 120
+    assert drafter.metadata["target_fingerprint"] == m.fingerprint
+
+
+def _losses(out_dir) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, open(os.path.join(out_dir, loop.METRICS)))
+            if "loss" in r]
+
+
+def test_resume_after_kill_continues_exactly(tiny_data, tmp_path):
+    m, data_dir, _ = tiny_data
+    cfg = loop.TrainConfig(steps=8, lr=3e-3, warmup=2, save_every=3, eval_every=0, log_every=1)
+    whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
+    train_eagle(m, data_dir, whole, cfg, **EAGLE_KW)
+
+    def kill(step, record):
+        if step == 5:                                  # after step 5, before any save of it
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train_eagle(m, data_dir, killed, cfg, on_step=kill, **EAGLE_KW)
+    assert [s for s, _ in _losses(killed)] == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="--resume"):
+        train_eagle(m, data_dir, killed, cfg, **EAGLE_KW)
+    with pytest.raises(ValueError, match="settings differ"):
+        train_eagle(m, data_dir, killed, dataclasses.replace(cfg, lr=1e-3), resume=True, **EAGLE_KW)
+    train_eagle(m, data_dir, killed, cfg, resume=True, **EAGLE_KW)    # resumes at the step-3 save
+    assert _losses(killed) == _losses(whole)                          # steps 4..8 identical
+    a, b = Eagle.load(whole).head_params, Eagle.load(killed).head_params
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_round_trip_is_exact_and_corruption_is_reported(tiny_data, tmp_path):
+    settings = {"kind": "test"}
+    params = {"w": jax.random.normal(jax.random.PRNGKey(0), (5, 7)), "b": jnp.arange(3, dtype=jnp.float32)}
+    opt = loop.make_optimizer(loop.TrainConfig(steps=10, warmup=1))
+    state = jax.device_put({"params": params, "opt_state": opt.init(params), "step": jnp.int32(7)})
+    run = loop.Run(str(tmp_path / "run"), settings, resume=False)
+    run.save(state)
+    run.close()
+    blank = jax.tree.map(jnp.zeros_like, state)
+    restored = loop.Run(str(tmp_path / "run"), settings, resume=True).restore(blank)
+    for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+        assert x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y))
+    assert jax.tree.structure(state) == jax.tree.structure(restored)
+
+    # truncate every stored array file of that checkpoint: resuming must say what is wrong
+    step_dir = tmp_path / "run" / loop.CKPT / "7"
+    files = [p for p in step_dir.rglob("*") if p.is_file() and p.stat().st_size > 64]
+    assert files
+    for p in files:
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    with pytest.raises(ValueError, match="cannot be read"):
+        loop.Run(str(tmp_path / "run"), settings, resume=True).restore(blank)
+
+
+DATA_PARALLEL = """
+import json, sys
+import jax
+from tests.test_train_loop import chain_model, EAGLE_KW
+from train import loop
+from train.eagle import train_eagle
+assert jax.device_count() == int(sys.argv[3]), jax.devices()
+cfg = loop.TrainConfig(steps=2, lr=3e-3, warmup=1, save_every=2, eval_every=0, log_every=1)
+train_eagle(chain_model(), sys.argv[1], sys.argv[2], cfg, **EAGLE_KW)
+"""
+
+
+def test_data_parallel_step_equals_single_device(tiny_data, tmp_path):
+    _, data_dir, _ = tiny_data
+    losses = {}
+    for n in (1, 4):
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+        out = str(tmp_path / f"dev{n}")
+        subprocess.run([sys.executable, "-c", DATA_PARALLEL, data_dir, out, str(n)], check=True, env=env,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
+        losses[n] = _losses(out)
+    assert [s for s, _ in losses[4]] == [1, 2]
+    np.testing.assert_allclose([v for _, v in losses[4]], [v for _, v in losses[1]], rtol=0, atol=1e-5)

@@ -1,0 +1,79 @@
+"""Training batches of examples with their cached target features.
+
+Examples are grouped by length into power-of-two buckets T (one compiled shape each); a batch holds
+tokens_per_batch // T rows of one bucket (rounded down to a multiple of the device count). The
+batch at global step k is a pure function of (seed, k): epoch k // batches_per_epoch shuffles each
+bucket and the batch list with a generator seeded by (seed, epoch), so a resumed run sees exactly
+the batches an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .data import read_shard, shard_names
+from .features import load_features
+
+
+class FeatureBatches:
+    """batch(k) -> {"tokens": int32[B, T], "mask": bool[B, T], "feats": uint16[B, T, N + 1, E]}.
+
+    mask marks positions t whose next token t + 1 is part of the example (the loss positions)."""
+
+    def __init__(self, data_dir: str, feat_dir: str, tokens_per_batch: int = 4096, rows_multiple: int = 1,
+                 seed: int = 0, min_bucket: int = 64):
+        names = shard_names(data_dir)
+        feats = load_features(feat_dir, names)
+        self.seqs, self.where = [], []
+        for shard, name in zip(feats, names):
+            seqs = read_shard(data_dir, name)[0]
+            start = 0
+            for s in seqs:
+                self.seqs.append(s)
+                self.where.append((shard, start))
+                start += len(s)
+            if start != shard.shape[0]:
+                raise ValueError(f"cached features of {name} do not match its tokens: recompute them")
+        self.seed, self.rows_multiple = seed, rows_multiple
+        self.buckets: dict[int, list[int]] = {}
+        for i, s in enumerate(self.seqs):
+            if len(s) >= 2:
+                self.buckets.setdefault(max(min_bucket, 1 << (len(s) - 1).bit_length()), []).append(i)
+        self.rows = {T: self._rows(tokens_per_batch, T) for T in self.buckets}
+        self.batches_per_epoch = sum(-(-len(ix) // self.rows[T]) for T, ix in self.buckets.items())
+        if not self.batches_per_epoch:
+            raise ValueError(f"{data_dir} holds no example of two or more tokens")
+        self._epoch, self._plan = None, None
+
+    def _rows(self, tokens_per_batch: int, T: int) -> int:
+        m = self.rows_multiple
+        return max(m, tokens_per_batch // T // m * m)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.seqs)
+
+    def plan(self, epoch: int) -> list[tuple[int, list[int]]]:
+        """The epoch's batches as (bucket T, example indices)."""
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            plan = []
+            for T in sorted(self.buckets):
+                ix = rng.permutation(self.buckets[T]).tolist()
+                plan += [(T, ix[i:i + self.rows[T]]) for i in range(0, len(ix), self.rows[T])]
+            self._plan = [plan[i] for i in rng.permutation(len(plan))]
+            self._epoch = epoch
+        return self._plan
+
+    def batch(self, step: int) -> dict:
+        T, ix = self.plan(step // self.batches_per_epoch)[step % self.batches_per_epoch]
+        B = self.rows[T]                                          # a short last batch is padded
+        shard0 = self.where[ix[0]][0]
+        tokens = np.zeros((B, T), np.int32)
+        mask = np.zeros((B, T), bool)
+        feats = np.zeros((B, T) + shard0.shape[1:], np.uint16)
+        for r, i in enumerate(ix):
+            s, (shard, start) = self.seqs[i], self.where[i]
+            tokens[r, :len(s)] = s
+            mask[r, :len(s) - 1] = True
+            feats[r, :len(s)] = shard[start:start + len(s)]
+        return {"tokens": tokens, "mask": mask, "feats": feats}

@@ -1,0 +1,124 @@
+"""Target features for head training, computed once and cached on local disk (never committed).
+
+For every stored example the target runs once over prompt + answer and we keep, per token, the
+hidden states the head reads (its feature layers) and the target's final normed hidden state, from
+which the target's logits over any draft vocabulary are one small matmul. Rows are stored as
+bfloat16 bits (uint16) in one .npy per data shard, [tokens, N + 1, E], in the shard's token order,
+each written atomically, so a killed run resumes at the first missing shard.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from jaxspec.cache import init_cache
+from jaxspec.models.llama import forward_hidden
+
+from .data import MANIFEST, read_shard, shard_names
+
+INDEX = "features.json"
+
+
+@jax.jit
+def _to_bits(x):
+    return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+
+
+def _hidden(params, tokens, cfg, layers):
+    """tokens int32[B, T] -> bfloat16 bits uint16[B, T, N + 1, E]: the feature layers and the final norm."""
+    B, T = tokens.shape
+    x, hidden, _ = forward_hidden(params, tokens, init_cache(cfg, B, T, params["embed"].dtype), cfg, layers)
+    return _to_bits(jnp.concatenate([hidden, x[None]], axis=0).transpose(1, 2, 0, 3))
+
+
+_hidden_jit = jax.jit(_hidden, static_argnames=("cfg", "layers"))
+
+
+def feature_dir(data_dir: str, layers) -> str:
+    return os.path.join(data_dir, "features-" + "-".join(map(str, layers)))
+
+
+def cache_features(model, data_dir: str, layers, tokens_per_batch: int = 4096, progress: bool = True) -> str:
+    """Compute (or resume) the cached features of every data shard; -> the feature folder."""
+    layers = tuple(int(j) for j in layers)
+    with open(os.path.join(data_dir, MANIFEST)) as f:
+        manifest = json.load(f)
+    if manifest["settings"]["fingerprint"] != model.fingerprint:
+        raise ValueError(f"the data in {data_dir} was made by a target with weights "
+                         f"{manifest['settings']['fingerprint']}, not this one ({model.fingerprint})")
+    out = feature_dir(data_dir, layers)
+    os.makedirs(out, exist_ok=True)
+    index_path = os.path.join(out, INDEX)
+    index = {"fingerprint": model.fingerprint, "layers": list(layers), "shards": {}}
+    if os.path.isfile(index_path):
+        with open(index_path) as f:
+            old = json.load(f)
+        if (old["fingerprint"], old["layers"]) == (index["fingerprint"], index["layers"]):
+            index = old
+    names = shard_names(data_dir)
+    todo = [n for n in names if index["shards"].get(n) is None or not os.path.isfile(_npy(out, n))]
+    bar = tqdm(total=len(names), initial=len(names) - len(todo), unit="shard", desc="target features",
+               disable=not progress)
+    for name in todo:
+        seqs = read_shard(data_dir, name)[0]
+        rows = np.zeros((sum(len(s) for s in seqs), len(layers) + 1, model.config.hidden_size), np.uint16)
+        starts = np.concatenate([[0], np.cumsum([len(s) for s in seqs])[:-1]]).astype(int)
+        order = np.argsort([len(s) for s in seqs], kind="stable")
+        i = 0
+        while i < len(order):
+            T = _bucket(len(seqs[order[i]]))
+            B = max(1, tokens_per_batch // T)
+            group = [g for g in order[i:i + B] if len(seqs[g]) <= T]
+            T = _bucket(max(len(seqs[g]) for g in group))
+            batch = np.zeros((len(group), T), np.int32)
+            for r, g in enumerate(group):
+                batch[r, :len(seqs[g])] = seqs[g]
+            bits = np.asarray(_hidden_jit(model.params, jnp.asarray(batch), model.config, layers))
+            for r, g in enumerate(group):
+                rows[starts[g]:starts[g] + len(seqs[g])] = bits[r, :len(seqs[g])]
+            i += len(group)
+        tmp = _npy(out, name) + ".tmp.npy"
+        np.save(tmp, rows)
+        os.replace(tmp, _npy(out, name))
+        index["shards"][name] = int(rows.shape[0])
+        with open(index_path, "w") as f:
+            json.dump(index, f, indent=1)
+        bar.update(1)
+    bar.close()
+    return out
+
+
+def _bucket(n: int, smallest: int = 64) -> int:
+    return max(smallest, 1 << (int(n) - 1).bit_length())
+
+
+def _npy(out: str, shard: str) -> str:
+    return os.path.join(out, shard.replace(".npz", ".npy"))
+
+
+def load_features(feat_dir: str, names: list[str]) -> list[np.ndarray]:
+    """Memory-mapped uint16[tokens, N + 1, E] (bfloat16 bits) per data shard, in the order of `names`."""
+    with open(os.path.join(feat_dir, INDEX)) as f:
+        index = json.load(f)
+    out = []
+    for name in names:
+        if name not in index["shards"] or not os.path.isfile(_npy(feat_dir, name)):
+            raise ValueError(f"{feat_dir} has no features for {name}: run the feature cache again")
+        try:
+            arr = np.load(_npy(feat_dir, name), mmap_mode="r")
+        except Exception as e:
+            raise ValueError(f"cannot read cached features {_npy(feat_dir, name)}: {e}") from e
+        if arr.shape[0] != index["shards"][name]:
+            raise ValueError(f"cached features {_npy(feat_dir, name)} are truncated")
+        out.append(arr)
+    return out
+
+
+def bits_to_float(bits) -> jax.Array:
+    """uint16 bfloat16 bits -> float32."""
+    return jax.lax.bitcast_convert_type(jnp.asarray(bits, jnp.uint16), jnp.bfloat16).astype(jnp.float32)

@@ -1,0 +1,185 @@
+"""The training loop every head shares: optax AdamW with warm-up + cosine and clipping, a data-parallel
+step under a jax.sharding.Mesh, Orbax checkpoints with exact resume, a JSONL metrics log, a
+progress bar and periodic evaluation.
+
+A run's state is {"params", "opt_state", "step"}; the batch for step k comes from batches.batch(k),
+a pure function of k, so `resume` after a kill repeats nothing and skips nothing (it loses at most
+the steps since the last save).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
+
+METRICS, SETTINGS, CKPT = "metrics.jsonl", "train_settings.json", "ckpt"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    lr: float = 1e-3
+    warmup: int = 50
+    end_lr_fraction: float = 0.05
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    save_every: int = 100
+    eval_every: int = 250
+    log_every: int = 10
+
+    def __post_init__(self):
+        if self.steps < 1 or self.save_every < 1 or self.log_every < 1 or self.eval_every < 0:
+            raise ValueError(f"steps, save_every and log_every must be >= 1, eval_every >= 0: {self}")
+        if not self.lr > 0 or not 0 <= self.warmup < self.steps:
+            raise ValueError(f"need lr > 0 and 0 <= warmup < steps: {self}")
+
+
+def learning_rate(cfg: TrainConfig) -> optax.Schedule:
+    return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, cfg.lr * cfg.end_lr_fraction)
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(cfg.clip),
+                       optax.adamw(learning_rate(cfg), weight_decay=cfg.weight_decay))
+
+
+def data_mesh() -> Mesh:
+    """All devices on one "data" axis: the batch is split over them, parameters are replicated."""
+    return Mesh(np.asarray(jax.devices()), ("data",))
+
+
+def _step_fn(loss_fn: Callable, opt: optax.GradientTransformation, frozen):
+    def step(state, batch):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], frozen, batch)
+        updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+    return step
+
+
+def _plain(x):
+    x = np.asarray(x)
+    return x.item() if x.ndim == 0 else [round(float(v), 6) for v in x.ravel()]
+
+
+class Run:
+    """One training run in out_dir: settings guard, checkpoints and metrics log."""
+
+    def __init__(self, out_dir: str, settings: dict, resume: bool):
+        self.out_dir = os.path.abspath(out_dir)
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.ckpt_dir = os.path.join(self.out_dir, CKPT)
+        path = os.path.join(self.out_dir, SETTINGS)
+        exists = os.path.isdir(self.ckpt_dir) and any(n.isdigit() for n in os.listdir(self.ckpt_dir))
+        if exists and not resume:
+            raise ValueError(f"{out_dir} already holds a training run: pass --resume to continue it, "
+                             f"or choose another --out")
+        if resume and os.path.isfile(path):
+            with open(path) as f:
+                old = json.load(f)
+            if old != settings:
+                changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+                raise ValueError(f"cannot resume {out_dir}: settings differ in {changed}")
+        with open(path, "w") as f:
+            json.dump(settings, f, indent=1)
+        self.manager = ocp.CheckpointManager(self.ckpt_dir, options=ocp.CheckpointManagerOptions(
+            max_to_keep=2, create=True))
+
+    def restore(self, state):
+        """-> the newest saved state (or `state` when there is none)."""
+        step = self.manager.latest_step()
+        if step is None:
+            return state
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        try:
+            restored = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except Exception as e:
+            raise ValueError(f"checkpoint {step} in {self.ckpt_dir} cannot be read (truncated or corrupt?); "
+                             f"delete that step's folder to resume from an earlier one: {e}") from e
+        self._trim_metrics(int(restored["step"]))
+        return restored
+
+    def _trim_metrics(self, step: int) -> None:
+        """Drop log records of steps after the restored one (they will be run again)."""
+        path = os.path.join(self.out_dir, METRICS)
+        if os.path.isfile(path):
+            with open(path) as f:
+                keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            with open(path, "w") as f:
+                f.writelines(keep)
+
+    def log(self, record: dict) -> None:
+        with open(os.path.join(self.out_dir, METRICS), "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def save(self, state) -> None:
+        self.manager.save(int(state["step"]), args=ocp.args.StandardSave(state))
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: str, settings: dict,
+        resume: bool = False, evaluate: Callable | None = None, progress: bool = True,
+        on_step: Callable | None = None):
+    """Train params to cfg.steps; -> (params, last metrics record).
+
+    loss_fn(params, frozen, batch) -> (loss, {name: array}); batches.batch(k) -> dict of arrays with
+    the batch on axis 0; evaluate(params) -> dict, logged every cfg.eval_every steps and at the end;
+    on_step(step, record) is called after every logged step (tests use it to simulate a kill)."""
+    mesh = data_mesh()
+    n_dev = mesh.devices.size
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    opt = make_optimizer(cfg)
+    run = Run(out_dir, {**settings, "train": dataclasses.asdict(cfg)}, resume)
+    state = jax.device_put({"params": params, "opt_state": opt.init(params), "step": jnp.int32(0)}, replicated)
+    if resume:
+        state = run.restore(state)
+    frozen = jax.device_put(frozen, replicated)
+    step_fn = jax.jit(_step_fn(loss_fn, opt, frozen), donate_argnums=0, out_shardings=(replicated, replicated))
+    schedule = learning_rate(cfg)
+    start = int(state["step"])
+    bar = tqdm(total=cfg.steps, initial=start, unit="step", desc="training", disable=not progress)
+    record, tokens, t0 = {}, 0, time.perf_counter()
+    try:
+        for k in range(start, cfg.steps):
+            batch = batches.batch(k)
+            rows = next(iter(batch.values())).shape[0]
+            if rows % n_dev:
+                raise ValueError(f"a batch of {rows} rows cannot be split over {n_dev} devices")
+            state, metrics = step_fn(state, jax.device_put(batch, split))
+            tokens += int(batch["mask"].sum())
+            done = k + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                metrics = jax.device_get(metrics)
+                elapsed = time.perf_counter() - t0
+                record = {"step": done, "lr": float(schedule(k)), "tokens_per_s": round(tokens / elapsed, 1),
+                          **{name: _plain(v) for name, v in metrics.items()}}
+                tokens, t0 = 0, time.perf_counter()
+                run.log(record)
+                bar.set_postfix(loss=f"{record['loss']:.3f}")
+                if on_step:
+                    on_step(done, record)
+            if done % cfg.save_every == 0 or done == cfg.steps:
+                run.save(state)
+            if evaluate and ((cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps):
+                run.log({"step": done, "eval": evaluate(state["params"])})
+                t0 = time.perf_counter()
+            bar.update(1)
+    finally:
+        bar.close()
+        run.close()
+    return jax.device_get(state["params"]), record
