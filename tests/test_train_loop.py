@@ -37,7 +37,7 @@ def chain_model() -> Model:
     params["embed"] = jnp.eye(V)
     params["lm_head"] = jnp.asarray(np.eye(V)[:, perm] * 4.0, jnp.float32)
     return Model(CHAIN, params, ByteTokenizer(), "chain")
-EAGLE_KW = dict(draft_vocab_size=64, ttt_steps=3, feature_layers=LAYERS, tokens_per_batch=256, progress=False)
+EAGLE_KW = dict(draft_vocab_size=64, ttt_steps=3, feature_layers=LAYERS, tokens_per_batch=512, progress=False)
 
 
 @pytest.fixture(scope="module")

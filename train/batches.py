@@ -1,6 +1,7 @@
 """Training batches of examples with their cached target features.
 
-Examples are grouped by length into power-of-two buckets T (one compiled shape each); a batch holds
+Examples are grouped by length into buckets T, multiples of bucket_step (one compiled shape each,
+little padding); a batch holds
 tokens_per_batch // T rows of one bucket (rounded down to a multiple of the device count). The
 batch at global step k is a pure function of (seed, k): epoch k // batches_per_epoch shuffles each
 bucket and the batch list with a generator seeded by (seed, epoch), so a resumed run sees exactly
@@ -20,7 +21,7 @@ class FeatureBatches:
     mask marks positions t whose next token t + 1 is part of the example (the loss positions)."""
 
     def __init__(self, data_dir: str, feat_dir: str, tokens_per_batch: int = 4096, rows_multiple: int = 1,
-                 seed: int = 0, min_bucket: int = 64):
+                 seed: int = 0, bucket_step: int = 128):
         names = shard_names(data_dir)
         feats = load_features(feat_dir, names)
         self.seqs, self.where = [], []
@@ -37,7 +38,7 @@ class FeatureBatches:
         self.buckets: dict[int, list[int]] = {}
         for i, s in enumerate(self.seqs):
             if len(s) >= 2:
-                self.buckets.setdefault(max(min_bucket, 1 << (len(s) - 1).bit_length()), []).append(i)
+                self.buckets.setdefault(-(-len(s) // bucket_step) * bucket_step, []).append(i)
         self.rows = {T: self._rows(tokens_per_batch, T) for T in self.buckets}
         self.batches_per_epoch = sum(-(-len(ix) // self.rows[T]) for T, ix in self.buckets.items())
         if not self.batches_per_epoch:

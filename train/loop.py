@@ -145,6 +145,7 @@ def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: s
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     opt = make_optimizer(cfg)
     run = Run(out_dir, {**settings, "train": dataclasses.asdict(cfg)}, resume)
+    params = jax.tree.map(jnp.copy, params)            # the step donates its state, never the caller's arrays
     state = jax.device_put({"params": params, "opt_state": opt.init(params), "step": jnp.int32(0)}, replicated)
     if resume:
         state = run.restore(state)

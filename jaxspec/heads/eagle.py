@@ -72,7 +72,7 @@ def init_eagle_params(cfg: EagleConfig, key: jax.Array, d2t=None, lm_head=None, 
         "w_gate": normal(ks[5], (E, F)), "w_up": normal(ks[6], (E, F)), "w_down": normal(ks[7], (F, E)),
         "norm": jnp.ones((E,), dtype),
         "lm_head": (normal(jax.random.fold_in(key, 9), (E, Vd)) if lm_head is None
-                    else jnp.asarray(lm_head, dtype)),
+                    else jnp.array(lm_head, dtype)),           # a copy: training donates it
         "d2t": jnp.arange(Vd, dtype=jnp.int32) if d2t is None else jnp.asarray(d2t, jnp.int32),
     }
     return params
