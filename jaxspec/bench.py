@@ -51,8 +51,9 @@ def weight_bytes(params) -> int:
 
 
 def make_drafter(spec: str, model):
-    """'ngram' | 'ngram:MAX:MIN' | 'draft:PATH' (a model folder or .gguf) | 'truncated:N' (first N layers)."""
-    from .drafters import DraftModel, NGram, truncated
+    """'ngram' | 'ngram:MAX:MIN' | 'draft:PATH' (a model folder or .gguf) | 'truncated:N' (first N layers)
+    | 'eagle:PATH' | 'eagle' (the head shipped for the model, see shipped_head)."""
+    from .drafters import DraftModel, Eagle, NGram, truncated
 
     name, _, arg = spec.partition(":")
     if name == "ngram":
@@ -61,7 +62,19 @@ def make_drafter(spec: str, model):
         return DraftModel.load(arg)
     if name == "truncated" and arg:
         return DraftModel(truncated(model, int(arg)))
-    raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft:PATH or truncated:N")
+    if name == "eagle":
+        return Eagle.load(arg or shipped_head(model, "eagle"))
+    raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft:PATH, truncated:N, "
+                     f"eagle or eagle:PATH")
+
+
+def shipped_head(model, kind: str) -> str:
+    """checkpoints/<model name>/<kind> in this repository, for a named model."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints",
+                        os.path.basename(model.source), kind)
+    if not os.path.isdir(path):
+        raise ValueError(f"no shipped {kind} head for {model.source!r} (looked in {path}); give {kind}:PATH")
+    return path
 
 
 def _aggregate(runs: list) -> dict:

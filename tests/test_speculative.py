@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 import jaxspec
+from jaxspec.bench import make_drafter
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import DraftModel, NGram, truncated
 from jaxspec.sampling import Sampling, probs_from_logits, row_params
@@ -23,10 +24,11 @@ def plain_answers(smollm, chat_prompts):
 
 
 @pytest.mark.parametrize("K", [1, 3, 5])
-@pytest.mark.parametrize("kind", ["ngram", "draft"])
+@pytest.mark.parametrize("kind", ["ngram", "draft", "eagle"])
 def test_greedy_lossless_on_smollm2(smollm, plain_answers, kind, K):
     prompts, expected = plain_answers
-    drafter = NGram() if kind == "ngram" else DraftModel(truncated(smollm, 4))
+    drafter = {"ngram": NGram, "draft": lambda: DraftModel(truncated(smollm, 4)),
+               "eagle": lambda: make_drafter("eagle", smollm)}[kind]()     # eagle: the shipped head
     out = jaxspec.generate(smollm, prompts, max_new_tokens=64, drafter=drafter, num_draft_tokens=K)
     assert len({len(p) for p in prompts}) == 3
     for i in range(len(prompts)):

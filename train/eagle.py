@@ -133,6 +133,7 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed)
     target_head = target_head_rows(model.params, d2t)
     params = init_eagle_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, lm_head=target_head)
+    params["norm"] = jnp.array(model.params["norm"], params["norm"].dtype)   # the target's output norm
     d2t = params.pop("d2t")
     frozen = {"embed": model.params["embed"], "target_head": target_head, "d2t": d2t}
     with open(os.path.join(data_dir, MANIFEST)) as f:
