@@ -75,6 +75,7 @@ def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path):
     assert after > before + 1.0
     assert drafter.metadata["heldout_acceptance"]["step"] == 120
     assert drafter.metadata["target_fingerprint"] == m.fingerprint
+    assert os.path.getsize(tmp_path / "eagle" / "training.png") > 10_000
 
 
 def _losses(out_dir) -> list[tuple[int, float]]:
@@ -98,7 +99,9 @@ def test_resume_after_kill_continues_exactly(tiny_data, tmp_path):
         train_eagle(m, data_dir, killed, cfg, **EAGLE_KW)
     with pytest.raises(ValueError, match="settings differ"):
         train_eagle(m, data_dir, killed, dataclasses.replace(cfg, lr=1e-3), resume=True, **EAGLE_KW)
-    train_eagle(m, data_dir, killed, cfg, resume=True, **EAGLE_KW)    # resumes at the step-3 save
+    early = train_eagle(m, data_dir, killed, cfg, resume=True, until=6, **EAGLE_KW)   # from the step-3 save
+    assert early.metadata["training"]["steps"] == 6 and early.metadata["training"]["schedule_steps"] == 8
+    train_eagle(m, data_dir, killed, cfg, resume=True, **EAGLE_KW)
     assert _losses(killed) == _losses(whole)                          # steps 4..8 identical
     a, b = Eagle.load(whole).head_params, Eagle.load(killed).head_params
     assert all(np.array_equal(a[k], b[k]) for k in a)

@@ -36,7 +36,8 @@ def cmd_eagle(args) -> int:
     held = heldout_prompts(model, args.data, args.prompts, args.eval_prompts) if args.eval_prompts else None
     drafter = train_eagle(model, args.data, args.out, cfg, draft_vocab_size=args.draft_vocab,
                           ttt_steps=args.ttt_steps, tokens_per_batch=args.batch_tokens, seed=args.seed,
-                          resume=args.resume, eval_prompts=held, eval_tokens=args.eval_tokens)
+                          resume=args.resume, eval_prompts=held, eval_tokens=args.eval_tokens,
+                          until=args.until)
     acc = drafter.metadata.get("heldout_acceptance") or {}
     print(f"{args.out}: EAGLE head for {args.target}; held-out mean accepted length (K=5, greedy): "
           f"{acc.get('mean_accepted_length', 'not measured')}")
@@ -59,6 +60,8 @@ def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--until", type=int, default=None,
+                   help="stop after this step (saved, head written); --resume later continues the schedule")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

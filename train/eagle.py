@@ -29,6 +29,7 @@ from .acceptance import acceptance
 from .batches import FeatureBatches
 from .data import MANIFEST, summary
 from .features import bits_to_float, cache_features
+from .plots import plot_run
 from .vocab import draft_vocabulary
 
 
@@ -120,7 +121,7 @@ def target_head_rows(target_params, d2t) -> jax.Array:
 def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,
                 ttt_steps: int = 5, feature_layers=None, tokens_per_batch: int = 4096, seed: int = 0,
                 resume: bool = False, eval_prompts=None, eval_tokens: int = 64, progress: bool = True,
-                on_step=None):
+                on_step=None, until: int | None = None):
     """Train an EAGLE head for `model` on the self-distilled data in data_dir; save it to out_dir.
 
     Returns the Eagle drafter. eval_prompts (token-id lists) are decoded with the head every
@@ -149,28 +150,34 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
 
     evaluate = (lambda p: acceptance(model, drafter_of(p), eval_prompts, eval_tokens)) if eval_prompts else None
     loss_fn = lambda p, fz, b: eagle_loss(p, fz, b, cfg, ttt_steps)
-    params, record = loop.fit(loss_fn, params, frozen, batches, train_cfg, out_dir, settings, resume=resume,
-                              evaluate=evaluate, progress=progress, on_step=on_step)
-    last_eval = _last_eval(out_dir)
+    params, done = loop.fit(loss_fn, params, frozen, batches, train_cfg, out_dir, settings, resume=resume,
+                            evaluate=evaluate, progress=progress, on_step=on_step, until=until)
+    last_eval, record = _last_records(out_dir)
+    if evaluate and (last_eval is None or last_eval["step"] != done):     # e.g. a resume with nothing left to run
+        last_eval = {"step": done, **evaluate(params)}
+        loop.append_metrics(out_dir, {"step": done, "eval": {k: v for k, v in last_eval.items() if k != "step"}})
     counts = summary(data_dir)
     metadata.update({
         "data": {**counts, "tokens_trained_on": batches.num_tokens, "draft_vocab_coverage": round(coverage, 4),
                  "prompts_file": data_settings["prompts_file"]},
-        "training": {"steps": train_cfg.steps, "ttt_steps": ttt_steps, "tokens_per_batch": tokens_per_batch,
-                     "lr": train_cfg.lr, "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
-                     "seconds_this_run": round(time.time() - t_start, 1)},
+        "training": {"steps": done, "schedule_steps": train_cfg.steps, "ttt_steps": ttt_steps,
+                     "tokens_per_batch": tokens_per_batch, "lr": train_cfg.lr, "final_loss": record.get("loss"),
+                     "final_top1": record.get("top1_j"), "seconds_this_run": round(time.time() - t_start, 1)},
         "heldout_acceptance": last_eval})
     drafter_of(params).save(out_dir)                      # bfloat16 on disk
+    plot_run(out_dir)
     return Eagle.load(out_dir)
 
 
-def _last_eval(out_dir: str):
-    last = None
+def _last_records(out_dir: str) -> tuple[dict | None, dict]:
+    """The newest evaluation (with its step) and the newest training record in the metrics log."""
+    last_eval, last = None, {}
     path = os.path.join(out_dir, loop.METRICS)
     if os.path.isfile(path):
         with open(path) as f:
-            for line in f:
-                rec = json.loads(line)
+            for rec in map(json.loads, f):
                 if "eval" in rec:
-                    last = {"step": rec["step"], **rec["eval"]}
-    return last
+                    last_eval = {"step": rec["step"], **rec["eval"]}
+                else:
+                    last = rec
+    return last_eval, last

@@ -74,6 +74,11 @@ def _plain(x):
     return x.item() if x.ndim == 0 else [round(float(v), 6) for v in x.ravel()]
 
 
+def append_metrics(out_dir: str, record: dict) -> None:
+    with open(os.path.join(out_dir, METRICS), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 class Run:
     """One training run in out_dir: settings guard, checkpoints and metrics log."""
 
@@ -121,8 +126,7 @@ class Run:
                 f.writelines(keep)
 
     def log(self, record: dict) -> None:
-        with open(os.path.join(self.out_dir, METRICS), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_metrics(self.out_dir, record)
 
     def save(self, state) -> None:
         self.manager.save(int(state["step"]), args=ocp.args.StandardSave(state))
@@ -134,8 +138,9 @@ class Run:
 
 def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: str, settings: dict,
         resume: bool = False, evaluate: Callable | None = None, progress: bool = True,
-        on_step: Callable | None = None):
-    """Train params to cfg.steps; -> (params, last metrics record).
+        on_step: Callable | None = None, until: int | None = None):
+    """Train params to cfg.steps (or stop after step `until`, saved, to resume later);
+    -> (params, completed steps).
 
     loss_fn(params, frozen, batch) -> (loss, {name: array}); batches.batch(k) -> dict of arrays with
     the batch on axis 0; evaluate(params) -> dict, logged every cfg.eval_every steps and at the end;
@@ -153,10 +158,11 @@ def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: s
     step_fn = jax.jit(_step_fn(loss_fn, opt, frozen), donate_argnums=0, out_shardings=(replicated, replicated))
     schedule = learning_rate(cfg)
     start = int(state["step"])
-    bar = tqdm(total=cfg.steps, initial=start, unit="step", desc="training", disable=not progress)
-    record, tokens, t0 = {}, 0, time.perf_counter()
+    stop = cfg.steps if until is None else max(start, min(int(until), cfg.steps))
+    bar = tqdm(total=stop, initial=start, unit="step", desc="training", disable=not progress)
+    tokens, t0 = 0, time.perf_counter()
     try:
-        for k in range(start, cfg.steps):
+        for k in range(start, stop):
             batch = batches.batch(k)
             rows = next(iter(batch.values())).shape[0]
             if rows % n_dev:
@@ -164,23 +170,24 @@ def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: s
             state, metrics = step_fn(state, jax.device_put(batch, split))
             tokens += int(batch["mask"].sum())
             done = k + 1
-            if done % cfg.log_every == 0 or done == cfg.steps:
+            if done % cfg.log_every == 0 or done == stop:
                 metrics = jax.device_get(metrics)
                 elapsed = time.perf_counter() - t0
-                record = {"step": done, "lr": float(schedule(k)), "tokens_per_s": round(tokens / elapsed, 1),
+                record = {"step": done, "lr": float(schedule(k)), "seconds": round(elapsed, 2),
+                          "tokens_per_s": round(tokens / elapsed, 1),
                           **{name: _plain(v) for name, v in metrics.items()}}
                 tokens, t0 = 0, time.perf_counter()
                 run.log(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}")
                 if on_step:
                     on_step(done, record)
-            if done % cfg.save_every == 0 or done == cfg.steps:
+            if done % cfg.save_every == 0 or done == stop:
                 run.save(state)
-            if evaluate and ((cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps):
+            if evaluate and ((cfg.eval_every and done % cfg.eval_every == 0) or done == stop):
                 run.log({"step": done, "eval": evaluate(state["params"])})
                 t0 = time.perf_counter()
             bar.update(1)
     finally:
         bar.close()
         run.close()
-    return jax.device_get(state["params"]), record
+    return jax.device_get(state["params"]), int(state["step"])

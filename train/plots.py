@@ -1,0 +1,43 @@
+"""A picture of a training run from its metrics.jsonl: loss, top-1 agreement per draft position and
+held-out acceptance length against step."""
+from __future__ import annotations
+
+import json
+import os
+
+from .loop import METRICS
+
+PLOT = "training.png"
+
+
+def plot_run(out_dir: str) -> str | None:
+    """Write out_dir/training.png; -> its path (None when matplotlib is not installed)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    with open(os.path.join(out_dir, METRICS)) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval" in r]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    steps = [r["step"] for r in train]
+    axes[0].plot(steps, [r["loss"] for r in train])
+    axes[0].set(title="training loss (weighted sum over draft steps)", xlabel="step")
+    if train and "top1_j" in train[0]:
+        for j in range(len(train[0]["top1_j"])):
+            axes[1].plot(steps, [r["top1_j"][j] for r in train], label=f"draft step {j + 1}")
+        axes[1].legend()
+    axes[1].set(title="top-1 agreement with the target", xlabel="step", ylim=(0, 1))
+    if evals:
+        axes[2].plot([r["step"] for r in evals], [r["eval"]["mean_accepted_length"] for r in evals], "o-")
+    axes[2].set(title="held-out mean accepted length (K=5, greedy)", xlabel="step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(out_dir, PLOT)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
