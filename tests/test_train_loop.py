@@ -75,6 +75,7 @@ def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path):
     assert after > before + 1.0
     assert drafter.metadata["heldout_acceptance"]["step"] == 120
     assert drafter.metadata["target_fingerprint"] == m.fingerprint
+    assert drafter.metadata["training"]["train_seconds"] > 0
     assert os.path.getsize(tmp_path / "eagle" / "training.png") > 10_000
 
 
@@ -154,3 +155,20 @@ def test_data_parallel_step_equals_single_device(tiny_data, tmp_path):
         losses[n] = _losses(out)
     assert [s for s, _ in losses[4]] == [1, 2]
     np.testing.assert_allclose([v for _, v in losses[4]], [v for _, v in losses[1]], rtol=0, atol=1e-5)
+
+
+def test_answer_only_mask_starts_where_drafts_reach_the_answer(tiny_data):
+    from train.batches import FeatureBatches
+    from train.features import cache_features
+
+    m, data_dir, _ = tiny_data
+    feat_dir = cache_features(m, data_dir, LAYERS, progress=False)
+    every, answers = (FeatureBatches(data_dir, feat_dir, 512, answer_only=a) for a in (False, True))
+    prompt_len = {tuple(ids.tolist()): p for ids, p in data.iter_examples(data_dir)}
+    b_all, b_ans = every.batch(0), answers.batch(0)
+    assert np.array_equal(b_all["tokens"], b_ans["tokens"])
+    for row, m_all, m_ans in zip(b_all["tokens"], b_all["mask"], b_ans["mask"]):
+        n = int(m_all.sum()) + 1                          # example length
+        if n > 1:
+            p = prompt_len[tuple(row[:n].tolist())]
+            assert m_ans.tolist() == [p - 2 <= t < n - 1 for t in range(len(row))]

@@ -18,19 +18,21 @@ from .features import load_features
 class FeatureBatches:
     """batch(k) -> {"tokens": int32[B, T], "mask": bool[B, T], "feats": uint16[B, T, N + 1, E]}.
 
-    mask marks positions t whose next token t + 1 is part of the example (the loss positions)."""
+    mask marks the loss positions: t whose next token t + 1 is part of the example, and with
+    answer_only those whose first draft (token t + 2) falls in the answer (EAGLE's assistant-only loss)."""
 
     def __init__(self, data_dir: str, feat_dir: str, tokens_per_batch: int = 4096, rows_multiple: int = 1,
-                 seed: int = 0, bucket_step: int = 128):
+                 seed: int = 0, bucket_step: int = 128, answer_only: bool = False):
         names = shard_names(data_dir)
         feats = load_features(feat_dir, names)
-        self.seqs, self.where = [], []
+        self.seqs, self.where, self.first_loss = [], [], []
         for shard, name in zip(feats, names):
-            seqs = read_shard(data_dir, name)[0]
+            seqs, prompt_lengths = read_shard(data_dir, name)
             start = 0
-            for s in seqs:
+            for s, p in zip(seqs, prompt_lengths):
                 self.seqs.append(s)
                 self.where.append((shard, start))
+                self.first_loss.append(max(0, p - 2) if answer_only else 0)
                 start += len(s)
             if start != shard.shape[0]:
                 raise ValueError(f"cached features of {name} do not match its tokens: recompute them")
@@ -75,6 +77,6 @@ class FeatureBatches:
         for r, i in enumerate(ix):
             s, (shard, start) = self.seqs[i], self.where[i]
             tokens[r, :len(s)] = s
-            mask[r, :len(s) - 1] = True
+            mask[r, self.first_loss[i]:len(s) - 1] = True
             feats[r, :len(s)] = shard[start:start + len(s)]
         return {"tokens": tokens, "mask": mask, "feats": feats}

@@ -37,7 +37,7 @@ def cmd_eagle(args) -> int:
     drafter = train_eagle(model, args.data, args.out, cfg, draft_vocab_size=args.draft_vocab,
                           ttt_steps=args.ttt_steps, tokens_per_batch=args.batch_tokens, seed=args.seed,
                           resume=args.resume, eval_prompts=held, eval_tokens=args.eval_tokens,
-                          until=args.until)
+                          until=args.until, answer_only=args.answer_only)
     acc = drafter.metadata.get("heldout_acceptance") or {}
     print(f"{args.out}: EAGLE head for {args.target}; held-out mean accepted length (K=5, greedy): "
           f"{acc.get('mean_accepted_length', 'not measured')}")
@@ -83,4 +83,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     _training_args(e, steps=2000, lr=1e-3)
     e.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd")
     e.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled in training")
+    e.add_argument("--answer-only", action="store_true",
+                   help="train only on positions whose drafts fall in the answers (not the prompts)")
     e.set_defaults(handler=cmd_eagle)

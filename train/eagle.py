@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -121,17 +120,17 @@ def target_head_rows(target_params, d2t) -> jax.Array:
 def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,
                 ttt_steps: int = 5, feature_layers=None, tokens_per_batch: int = 4096, seed: int = 0,
                 resume: bool = False, eval_prompts=None, eval_tokens: int = 64, progress: bool = True,
-                on_step=None, until: int | None = None):
+                on_step=None, until: int | None = None, answer_only: bool = False):
     """Train an EAGLE head for `model` on the self-distilled data in data_dir; save it to out_dir.
 
     Returns the Eagle drafter. eval_prompts (token-id lists) are decoded with the head every
     train_cfg.eval_every steps and at the end; the last result goes into the head's metadata."""
-    t_start = time.time()
     vocab = model.config.vocab_size
     cfg = EagleConfig.for_target(model.config, min(draft_vocab_size, vocab), feature_layers)
     d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size)
     feat_dir = cache_features(model, data_dir, cfg.feature_layers, progress=progress)
-    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed)
+    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
+                             answer_only=answer_only)
     target_head = target_head_rows(model.params, d2t)
     params = init_eagle_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, lm_head=target_head)
     params["norm"] = jnp.array(model.params["norm"], params["norm"].dtype)   # the target's output norm
@@ -142,7 +141,7 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     settings = {"kind": "eagle", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings, "draft_vocab_size": cfg.draft_vocab_size, "ttt_steps": ttt_steps,
                 "feature_layers": list(cfg.feature_layers), "tokens_per_batch": tokens_per_batch, "seed": seed,
-                "examples": len(batches.seqs)}
+                "examples": len(batches.seqs), **({"answer_only": True} if answer_only else {})}
     metadata = {"target": model.source, "target_fingerprint": model.fingerprint}
 
     def drafter_of(p):
@@ -160,13 +159,22 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     metadata.update({
         "data": {**counts, "tokens_trained_on": batches.num_tokens, "draft_vocab_coverage": round(coverage, 4),
                  "prompts_file": data_settings["prompts_file"]},
-        "training": {"steps": done, "schedule_steps": train_cfg.steps, "ttt_steps": ttt_steps,
+        "training": {"steps": done, "answer_only": answer_only, "schedule_steps": train_cfg.steps, "ttt_steps": ttt_steps,
                      "tokens_per_batch": tokens_per_batch, "lr": train_cfg.lr, "final_loss": record.get("loss"),
-                     "final_top1": record.get("top1_j"), "seconds_this_run": round(time.time() - t_start, 1)},
+                     "final_top1": record.get("top1_j"), "train_seconds": _train_seconds(out_dir)},
         "heldout_acceptance": last_eval})
     drafter_of(params).save(out_dir)                      # bfloat16 on disk
     plot_run(out_dir)
     return Eagle.load(out_dir)
+
+
+def _train_seconds(out_dir: str) -> float | None:
+    """Seconds spent in train steps over all runs in out_dir (None if a record lacks its time)."""
+    with open(os.path.join(out_dir, loop.METRICS)) as f:
+        records = [r for r in map(json.loads, f) if "eval" not in r]
+    if not records or any("seconds" not in r for r in records):
+        return None
+    return round(sum(r["seconds"] for r in records), 1)
 
 
 def _last_records(out_dir: str) -> tuple[dict | None, dict]:
