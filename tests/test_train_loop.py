@@ -59,7 +59,7 @@ def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path):
     held = heldout_prompts(m, data_dir, prompts, 8)
     cfg = loop.TrainConfig(steps=120, lr=3e-3, warmup=10, save_every=60, eval_every=60, log_every=10)
     drafter = train_eagle(m, data_dir, str(tmp_path / "eagle"), cfg, eval_prompts=held, eval_tokens=24, **EAGLE_KW)
-    records = [json.loads(line) for line in open(tmp_path / "eagle" / loop.METRICS)]
+    records = loop.read_metrics(str(tmp_path / "eagle"))
     losses = [r["loss"] for r in records if "loss" in r]
     assert losses[-1] < 0.8 * losses[0]
     assert {"lr", "tokens_per_s", "top1_j", "loss_j", "grad_norm"} <= set(records[0])
@@ -80,8 +80,7 @@ def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path):
 
 
 def _losses(out_dir) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in map(json.loads, open(os.path.join(out_dir, loop.METRICS)))
-            if "loss" in r]
+    return [(r["step"], r["loss"]) for r in loop.read_metrics(out_dir) if "loss" in r]
 
 
 def test_resume_after_kill_continues_exactly(tiny_data, tmp_path):

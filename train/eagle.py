@@ -151,41 +151,25 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     loss_fn = lambda p, fz, b: eagle_loss(p, fz, b, cfg, ttt_steps)
     params, done = loop.fit(loss_fn, params, frozen, batches, train_cfg, out_dir, settings, resume=resume,
                             evaluate=evaluate, progress=progress, on_step=on_step, until=until)
-    last_eval, record = _last_records(out_dir)
+    records = loop.read_metrics(out_dir)
+    evals = [{"step": r["step"], **r["eval"]} for r in records if "eval" in r]
+    steps = [r for r in records if "eval" not in r]
+    last_eval, record = (evals[-1] if evals else None), (steps[-1] if steps else {})
     if evaluate and (last_eval is None or last_eval["step"] != done):     # e.g. a resume with nothing left to run
-        last_eval = {"step": done, **evaluate(params)}
-        loop.append_metrics(out_dir, {"step": done, "eval": {k: v for k, v in last_eval.items() if k != "step"}})
+        result = evaluate(params)
+        loop.append_metrics(out_dir, {"step": done, "eval": result})
+        last_eval = {"step": done, **result}
+    train_seconds = (round(sum(r["seconds"] for r in steps), 1)           # None if a record lacks its time
+                     if steps and all("seconds" in r for r in steps) else None)
     counts = summary(data_dir)
     metadata.update({
         "data": {**counts, "tokens_trained_on": batches.num_tokens, "draft_vocab_coverage": round(coverage, 4),
                  "prompts_file": data_settings["prompts_file"]},
-        "training": {"steps": done, "answer_only": answer_only, "schedule_steps": train_cfg.steps, "ttt_steps": ttt_steps,
-                     "tokens_per_batch": tokens_per_batch, "lr": train_cfg.lr, "final_loss": record.get("loss"),
-                     "final_top1": record.get("top1_j"), "train_seconds": _train_seconds(out_dir)},
+        "training": {"steps": done, "schedule_steps": train_cfg.steps, "answer_only": answer_only,
+                     "ttt_steps": ttt_steps, "tokens_per_batch": tokens_per_batch, "lr": train_cfg.lr,
+                     "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
+                     "train_seconds": train_seconds},
         "heldout_acceptance": last_eval})
     drafter_of(params).save(out_dir)                      # bfloat16 on disk
     plot_run(out_dir)
     return Eagle.load(out_dir)
-
-
-def _train_seconds(out_dir: str) -> float | None:
-    """Seconds spent in train steps over all runs in out_dir (None if a record lacks its time)."""
-    with open(os.path.join(out_dir, loop.METRICS)) as f:
-        records = [r for r in map(json.loads, f) if "eval" not in r]
-    if not records or any("seconds" not in r for r in records):
-        return None
-    return round(sum(r["seconds"] for r in records), 1)
-
-
-def _last_records(out_dir: str) -> tuple[dict | None, dict]:
-    """The newest evaluation (with its step) and the newest training record in the metrics log."""
-    last_eval, last = None, {}
-    path = os.path.join(out_dir, loop.METRICS)
-    if os.path.isfile(path):
-        with open(path) as f:
-            for rec in map(json.loads, f):
-                if "eval" in rec:
-                    last_eval = {"step": rec["step"], **rec["eval"]}
-                else:
-                    last = rec
-    return last_eval, last

@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxspec.cache import init_cache
+from jaxspec.generate import bucket
 from jaxspec.models.llama import forward_hidden
 
 from .data import MANIFEST, read_shard, shard_names
@@ -24,7 +25,6 @@ from .data import MANIFEST, read_shard, shard_names
 INDEX = "features.json"
 
 
-@jax.jit
 def _to_bits(x):
     return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
 
@@ -71,10 +71,10 @@ def cache_features(model, data_dir: str, layers, tokens_per_batch: int = 4096, p
         order = np.argsort([len(s) for s in seqs], kind="stable")
         i = 0
         while i < len(order):
-            T = _bucket(len(seqs[order[i]]))
+            T = bucket(len(seqs[order[i]]), 64)
             B = max(1, tokens_per_batch // T)
             group = [g for g in order[i:i + B] if len(seqs[g]) <= T]
-            T = _bucket(max(len(seqs[g]) for g in group))
+            T = bucket(max(len(seqs[g]) for g in group), 64)
             batch = np.zeros((len(group), T), np.int32)
             for r, g in enumerate(group):
                 batch[r, :len(seqs[g])] = seqs[g]
@@ -91,10 +91,6 @@ def cache_features(model, data_dir: str, layers, tokens_per_batch: int = 4096, p
         bar.update(1)
     bar.close()
     return out
-
-
-def _bucket(n: int, smallest: int = 64) -> int:
-    return max(smallest, 1 << (int(n) - 1).bit_length())
 
 
 def _npy(out: str, shard: str) -> str:

@@ -74,6 +74,15 @@ def _plain(x):
     return x.item() if x.ndim == 0 else [round(float(v), 6) for v in x.ravel()]
 
 
+def read_metrics(out_dir: str) -> list[dict]:
+    """The records of out_dir/metrics.jsonl (none when there is no log yet)."""
+    path = os.path.join(out_dir, METRICS)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def append_metrics(out_dir: str, record: dict) -> None:
     with open(os.path.join(out_dir, METRICS), "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -118,12 +127,9 @@ class Run:
 
     def _trim_metrics(self, step: int) -> None:
         """Drop log records of steps after the restored one (they will be run again)."""
-        path = os.path.join(self.out_dir, METRICS)
-        if os.path.isfile(path):
-            with open(path) as f:
-                keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-            with open(path, "w") as f:
-                f.writelines(keep)
+        keep = [r for r in read_metrics(self.out_dir) if r["step"] <= step]
+        with open(os.path.join(self.out_dir, METRICS), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
 
     def log(self, record: dict) -> None:
         append_metrics(self.out_dir, record)

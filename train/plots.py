@@ -2,10 +2,9 @@
 held-out acceptance length against step."""
 from __future__ import annotations
 
-import json
 import os
 
-from .loop import METRICS
+from .loop import read_metrics
 
 PLOT = "training.png"
 
@@ -18,8 +17,7 @@ def plot_run(out_dir: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    with open(os.path.join(out_dir, METRICS)) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = read_metrics(out_dir)
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval" in r]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
