@@ -52,8 +52,9 @@ def weight_bytes(params) -> int:
 
 def make_drafter(spec: str, model):
     """'ngram' | 'ngram:MAX:MIN' | 'draft:PATH' (a model folder or .gguf) | 'truncated:N' (first N layers)
-    | 'eagle:PATH' | 'eagle' (the head shipped for the model, see shipped_head)."""
-    from .drafters import DraftModel, Eagle, NGram, truncated
+    | 'eagle:PATH' | 'eagle' | 'mtp:PATH' | 'mtp' ('eagle' and 'mtp': the heads shipped for the model,
+    see shipped_head)."""
+    from .drafters import MTP, DraftModel, Eagle, NGram, truncated
 
     name, _, arg = spec.partition(":")
     if name == "ngram":
@@ -64,8 +65,10 @@ def make_drafter(spec: str, model):
         return DraftModel(truncated(model, int(arg)))
     if name == "eagle":
         return Eagle.load(arg or shipped_head(model, "eagle"))
+    if name == "mtp":
+        return MTP.load(arg or shipped_head(model, "mtp"))
     raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft:PATH, truncated:N, "
-                     f"eagle or eagle:PATH")
+                     f"eagle, eagle:PATH, mtp or mtp:PATH")
 
 
 def shipped_head(model, kind: str) -> str:

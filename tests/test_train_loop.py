@@ -1,5 +1,5 @@
-"""The training loop on a tiny target: EAGLE learns, resume after a kill is exact, corrupt checkpoints
-fail clearly, and the data-parallel step on 4 devices equals the single-device step."""
+"""The training loop on a tiny target, for EAGLE and MTP heads: they learn, resume after a kill is exact,
+corrupt checkpoints fail clearly, and the data-parallel step on 4 devices equals the single-device step."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,13 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.drafters import Eagle
-from jaxspec.heads import EagleConfig, init_eagle_params
+from jaxspec.drafters import MTP, Eagle
+from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params
+from jaxspec.heads.mtp import BLOCK_KEYS
 from jaxspec.model import Model
 from jaxspec.models import init_params
 from train import data, loop
 from train.acceptance import acceptance, heldout_prompts
-from train.eagle import target_head_rows, train_eagle
+from jaxspec.models import lm_head_rows
+from train.eagle import train_eagle
+from train.mtp import train_mtp
 
 from .conftest import TINY, ByteTokenizer
 
@@ -38,6 +41,18 @@ def chain_model() -> Model:
     params["lm_head"] = jnp.asarray(np.eye(V)[:, perm] * 4.0, jnp.float32)
     return Model(CHAIN, params, ByteTokenizer(), "chain")
 EAGLE_KW = dict(draft_vocab_size=64, ttt_steps=3, feature_layers=LAYERS, tokens_per_batch=512, progress=False)
+MTP_KW = dict(num_modules=2, draft_vocab_size=64, feature_layers=LAYERS, tokens_per_batch=512, progress=False)
+TRAINERS = {"eagle": (train_eagle, EAGLE_KW, Eagle), "mtp": (train_mtp, MTP_KW, MTP)}
+
+
+def untrained(kind: str, m: Model, d2t):
+    """A head as its trainer initialises it (output rows or blocks copied from the target)."""
+    if kind == "eagle":
+        cfg = EagleConfig.for_target(CHAIN, 64, LAYERS)
+        return Eagle(init_eagle_params(cfg, jax.random.PRNGKey(0), d2t=d2t, lm_head=lm_head_rows(m.params, d2t)), cfg)
+    cfg = MTPConfig.for_target(CHAIN, 2, 64)
+    block = {k: m.params["layers"][k][-1] for k in BLOCK_KEYS}
+    return MTP(init_mtp_params(cfg, jax.random.PRNGKey(0), d2t=d2t, block=block), cfg)
 
 
 @pytest.fixture(scope="module")
@@ -54,57 +69,57 @@ def tiny_data(tmp_path_factory):
     return m, out, str(prompts)
 
 
-def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path):
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path, kind):
     m, data_dir, prompts = tiny_data
+    trainer, kw, _ = TRAINERS[kind]
     held = heldout_prompts(m, data_dir, prompts, 8)
     cfg = loop.TrainConfig(steps=120, lr=3e-3, warmup=10, save_every=60, eval_every=60, log_every=10)
-    drafter = train_eagle(m, data_dir, str(tmp_path / "eagle"), cfg, eval_prompts=held, eval_tokens=24, **EAGLE_KW)
-    records = loop.read_metrics(str(tmp_path / "eagle"))
+    drafter = trainer(m, data_dir, str(tmp_path / kind), cfg, eval_prompts=held, eval_tokens=24, **kw)
+    records = loop.read_metrics(str(tmp_path / kind))
     losses = [r["loss"] for r in records if "loss" in r]
     assert losses[-1] < 0.8 * losses[0]
     assert {"lr", "tokens_per_s", "top1_j", "loss_j", "grad_norm"} <= set(records[0])
     assert [r["step"] for r in records if "eval" in r] == [60, 120]
 
-    ecfg = EagleConfig.for_target(CHAIN, 64, LAYERS)
-    d2t = drafter.head_params["d2t"]
-    untrained = Eagle(init_eagle_params(ecfg, jax.random.PRNGKey(0), d2t=d2t,
-                                        lm_head=target_head_rows(m.params, d2t)), ecfg)
-    before = acceptance(m, untrained, held, 24)["mean_accepted_length"]
+    before = acceptance(m, untrained(kind, m, drafter.head_params["d2t"]), held, 24)["mean_accepted_length"]
     after = acceptance(m, drafter, held, 24)["mean_accepted_length"]
-    print(f"tiny EAGLE mean accepted length: untrained {before:.2f}, trained {after:.2f}")
+    print(f"tiny {kind} mean accepted length: untrained {before:.2f}, trained {after:.2f}")
     assert after > before + 1.0
     assert drafter.metadata["heldout_acceptance"]["step"] == 120
     assert drafter.metadata["target_fingerprint"] == m.fingerprint
     assert drafter.metadata["training"]["train_seconds"] > 0
-    assert os.path.getsize(tmp_path / "eagle" / "training.png") > 10_000
+    assert os.path.getsize(tmp_path / kind / "training.png") > 10_000
 
 
 def _losses(out_dir) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in loop.read_metrics(out_dir) if "loss" in r]
 
 
-def test_resume_after_kill_continues_exactly(tiny_data, tmp_path):
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_resume_after_kill_continues_exactly(tiny_data, tmp_path, kind):
     m, data_dir, _ = tiny_data
+    train, kw, head = TRAINERS[kind]
     cfg = loop.TrainConfig(steps=8, lr=3e-3, warmup=2, save_every=3, eval_every=0, log_every=1)
     whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
-    train_eagle(m, data_dir, whole, cfg, **EAGLE_KW)
+    train(m, data_dir, whole, cfg, **kw)
 
     def kill(step, record):
         if step == 5:                                  # after step 5, before any save of it
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        train_eagle(m, data_dir, killed, cfg, on_step=kill, **EAGLE_KW)
+        train(m, data_dir, killed, cfg, on_step=kill, **kw)
     assert [s for s, _ in _losses(killed)] == [1, 2, 3, 4, 5]
     with pytest.raises(ValueError, match="--resume"):
-        train_eagle(m, data_dir, killed, cfg, **EAGLE_KW)
+        train(m, data_dir, killed, cfg, **kw)
     with pytest.raises(ValueError, match="settings differ"):
-        train_eagle(m, data_dir, killed, dataclasses.replace(cfg, lr=1e-3), resume=True, **EAGLE_KW)
-    early = train_eagle(m, data_dir, killed, cfg, resume=True, until=6, **EAGLE_KW)   # from the step-3 save
+        train(m, data_dir, killed, dataclasses.replace(cfg, lr=1e-3), resume=True, **kw)
+    early = train(m, data_dir, killed, cfg, resume=True, until=6, **kw)   # from the step-3 save
     assert early.metadata["training"]["steps"] == 6 and early.metadata["training"]["schedule_steps"] == 8
-    train_eagle(m, data_dir, killed, cfg, resume=True, **EAGLE_KW)
+    train(m, data_dir, killed, cfg, resume=True, **kw)
     assert _losses(killed) == _losses(whole)                          # steps 4..8 identical
-    a, b = Eagle.load(whole).head_params, Eagle.load(killed).head_params
-    assert all(np.array_equal(a[k], b[k]) for k in a)
+    a, b = head.load(whole).head_params, head.load(killed).head_params
+    assert jax.tree.all(jax.tree.map(np.array_equal, a, b))
 
 
 def test_checkpoint_round_trip_is_exact_and_corruption_is_reported(tiny_data, tmp_path):
@@ -134,22 +149,23 @@ def test_checkpoint_round_trip_is_exact_and_corruption_is_reported(tiny_data, tm
 DATA_PARALLEL = """
 import json, sys
 import jax
-from tests.test_train_loop import chain_model, EAGLE_KW
+from tests.test_train_loop import chain_model, TRAINERS
 from train import loop
-from train.eagle import train_eagle
 assert jax.device_count() == int(sys.argv[3]), jax.devices()
+train, kw, _ = TRAINERS[sys.argv[4]]
 cfg = loop.TrainConfig(steps=2, lr=3e-3, warmup=1, save_every=2, eval_every=0, log_every=1)
-train_eagle(chain_model(), sys.argv[1], sys.argv[2], cfg, **EAGLE_KW)
+train(chain_model(), sys.argv[1], sys.argv[2], cfg, **kw)
 """
 
 
-def test_data_parallel_step_equals_single_device(tiny_data, tmp_path):
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_data_parallel_step_equals_single_device(tiny_data, tmp_path, kind):
     _, data_dir, _ = tiny_data
     losses = {}
     for n in (1, 4):
         env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
         out = str(tmp_path / f"dev{n}")
-        subprocess.run([sys.executable, "-c", DATA_PARALLEL, data_dir, out, str(n)], check=True, env=env,
+        subprocess.run([sys.executable, "-c", DATA_PARALLEL, data_dir, out, str(n), kind], check=True, env=env,
                        cwd=os.path.dirname(os.path.dirname(__file__)))
         losses[n] = _losses(out)
     assert [s for s, _ in losses[4]] == [1, 2]

@@ -44,6 +44,26 @@ def cmd_eagle(args) -> int:
     return 0
 
 
+def cmd_mtp(args) -> int:
+    import jaxspec
+
+    from . import loop
+    from .acceptance import heldout_prompts
+    from .mtp import train_mtp
+
+    model = jaxspec.load(args.target)
+    cfg = loop.TrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, save_every=args.save_every,
+                           eval_every=args.eval_every, log_every=args.log_every)
+    held = heldout_prompts(model, args.data, args.prompts, args.eval_prompts) if args.eval_prompts else None
+    drafter = train_mtp(model, args.data, args.out, cfg, num_modules=args.modules, draft_vocab_size=args.draft_vocab,
+                        tokens_per_batch=args.batch_tokens, seed=args.seed, resume=args.resume, eval_prompts=held,
+                        eval_tokens=args.eval_tokens, until=args.until, answer_only=args.answer_only)
+    acc = drafter.metadata.get("heldout_acceptance") or {}
+    print(f"{args.out}: MTP head ({args.modules} modules) for {args.target}; held-out mean accepted length "
+          f"(K=5, greedy): {acc.get('mean_accepted_length', 'not measured')}")
+    return 0
+
+
 def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
@@ -86,3 +106,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--answer-only", action="store_true",
                    help="train only on positions whose drafts fall in the answers (not the prompts)")
     e.set_defaults(handler=cmd_eagle)
+    m = tsub.add_parser("mtp", help="train DeepSeek-V3-style multi-token-prediction modules (resumable)")
+    _training_args(m, steps=2000, lr=1e-3)
+    m.add_argument("--modules", type=int, default=2, help="number of MTP modules D (1-4 is usual)")
+    m.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size Vd")
+    m.add_argument("--answer-only", action="store_true",
+                   help="train only on positions whose drafts fall in the answers (not the prompts)")
+    m.set_defaults(handler=cmd_mtp)

@@ -8,27 +8,17 @@ token_{t+2}; its soft target is the target's distribution at t+1, restricted to 
 """
 from __future__ import annotations
 
-import json
-import os
-
 import jax
 import jax.numpy as jnp
 
 from jaxspec.drafters import Eagle
-from jaxspec.heads.eagle import (
-    EagleConfig,
-    eagle_out,
-    eagle_qkv,
-    fuse_features,
-    init_eagle_params,
-)
+from jaxspec.heads.eagle import EagleConfig, eagle_out, eagle_qkv, fuse_features, init_eagle_params
+from jaxspec.models import lm_head_rows
 
-from . import loop
-from .acceptance import acceptance
 from .batches import FeatureBatches
-from .data import MANIFEST, summary
 from .features import bits_to_float, cache_features
-from .plots import plot_run
+from .heads import data_settings, train_head
+from .losses import stepwise_soft_ce
 from .vocab import draft_vocabulary
 
 
@@ -75,25 +65,9 @@ def ttt_loss(params, embed, feats, tokens, target_logits, loss_mask, cfg: EagleC
     (softmax over them = its distribution conditioned on the draft vocabulary); loss_mask bool[B, T]
     marks positions t whose target t+1 counts. -> (loss, {"loss_j": [J], "top1_j": [J]})."""
     logits = ttt_logits(params, embed, feats, tokens, cfg, steps)          # [J, B, T, Vd]
-    p = jax.nn.softmax(_shift_left(target_logits), axis=-1)               # position t: target at t+1
-    log_q = jax.nn.log_softmax(logits, axis=-1)
-    T = tokens.shape[1]
-    per_step, top1 = [], []
-    for j in range(steps):
-        valid = loss_mask & (jnp.arange(T)[None, :] >= j)                  # step j+1 needs j earlier outputs
-        ce = -jnp.sum(p * log_q[j], axis=-1)
-        n = jnp.maximum(valid.sum(), 1)
-        per_step.append(jnp.sum(jnp.where(valid, ce, 0.0)) / n)
-        agree = jnp.argmax(logits[j], -1) == jnp.argmax(p, -1)
-        top1.append(jnp.sum(jnp.where(valid, agree, False)) / n)
-    per_step, top1 = jnp.stack(per_step), jnp.stack(top1)
-    weights = decay ** jnp.arange(steps, dtype=jnp.float32)
-    return jnp.sum(weights * per_step), {"loss_j": per_step, "top1_j": top1}
-
-
-def _shift_left(x: jax.Array) -> jax.Array:
-    """x [B, T, ...] -> x[:, t+1] at t (last position repeats; it is masked out by callers)."""
-    return jnp.concatenate([x[:, 1:], x[:, -1:]], axis=1)
+    t = jnp.arange(tokens.shape[1])[None, :]
+    valid = [loss_mask & (t >= j) for j in range(steps)]                  # step j+1 needs j earlier outputs
+    return stepwise_soft_ce(logits, target_logits, [1] * steps, valid, decay)   # position t: target at t+1
 
 
 def eagle_loss(params, frozen, batch, cfg: EagleConfig, steps: int):
@@ -110,13 +84,6 @@ def eagle_loss(params, frozen, batch, cfg: EagleConfig, steps: int):
                     target_logits, batch["mask"], cfg, steps)
 
 
-def target_head_rows(target_params, d2t) -> jax.Array:
-    """The target's output matrix restricted to the draft vocabulary: [E, Vd]."""
-    if "lm_head" in target_params:
-        return target_params["lm_head"][:, d2t]
-    return target_params["embed"][d2t].T
-
-
 def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,
                 ttt_steps: int = 5, feature_layers=None, tokens_per_batch: int = 4096, seed: int = 0,
                 resume: bool = False, eval_prompts=None, eval_tokens: int = 64, progress: bool = True,
@@ -131,45 +98,20 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     feat_dir = cache_features(model, data_dir, cfg.feature_layers, progress=progress)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
                              answer_only=answer_only)
-    target_head = target_head_rows(model.params, d2t)
+    target_head = lm_head_rows(model.params, d2t)
     params = init_eagle_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, lm_head=target_head)
     params["norm"] = jnp.array(model.params["norm"], params["norm"].dtype)   # the target's output norm
     d2t = params.pop("d2t")
     frozen = {"embed": model.params["embed"], "target_head": target_head, "d2t": d2t}
-    with open(os.path.join(data_dir, MANIFEST)) as f:
-        data_settings = json.load(f)["settings"]
     settings = {"kind": "eagle", "target": model.source, "target_fingerprint": model.fingerprint,
-                "data": data_settings, "draft_vocab_size": cfg.draft_vocab_size, "ttt_steps": ttt_steps,
+                "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "ttt_steps": ttt_steps,
                 "feature_layers": list(cfg.feature_layers), "tokens_per_batch": tokens_per_batch, "seed": seed,
                 "examples": len(batches.seqs), **({"answer_only": True} if answer_only else {})}
-    metadata = {"target": model.source, "target_fingerprint": model.fingerprint}
-
-    def drafter_of(p):
-        return Eagle({**p, "d2t": d2t}, cfg, metadata)
-
-    evaluate = (lambda p: acceptance(model, drafter_of(p), eval_prompts, eval_tokens)) if eval_prompts else None
     loss_fn = lambda p, fz, b: eagle_loss(p, fz, b, cfg, ttt_steps)
-    params, done = loop.fit(loss_fn, params, frozen, batches, train_cfg, out_dir, settings, resume=resume,
-                            evaluate=evaluate, progress=progress, on_step=on_step, until=until)
-    records = loop.read_metrics(out_dir)
-    evals = [{"step": r["step"], **r["eval"]} for r in records if "eval" in r]
-    steps = [r for r in records if "eval" not in r]
-    last_eval, record = (evals[-1] if evals else None), (steps[-1] if steps else {})
-    if evaluate and (last_eval is None or last_eval["step"] != done):     # e.g. a resume with nothing left to run
-        result = evaluate(params)
-        loop.append_metrics(out_dir, {"step": done, "eval": result})
-        last_eval = {"step": done, **result}
-    train_seconds = (round(sum(r["seconds"] for r in steps), 1)           # None if a record lacks its time
-                     if steps and all("seconds" in r for r in steps) else None)
-    counts = summary(data_dir)
-    metadata.update({
-        "data": {**counts, "tokens_trained_on": batches.num_tokens, "draft_vocab_coverage": round(coverage, 4),
-                 "prompts_file": data_settings["prompts_file"]},
-        "training": {"steps": done, "schedule_steps": train_cfg.steps, "answer_only": answer_only,
-                     "ttt_steps": ttt_steps, "tokens_per_batch": tokens_per_batch, "lr": train_cfg.lr,
-                     "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
-                     "train_seconds": train_seconds},
-        "heldout_acceptance": last_eval})
-    drafter_of(params).save(out_dir)                      # bfloat16 on disk
-    plot_run(out_dir)
+    train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, frozen, batches, settings,
+               lambda p: Eagle({**p, "d2t": d2t}, cfg), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+               training_meta={"answer_only": answer_only, "ttt_steps": ttt_steps,
+                              "tokens_per_batch": tokens_per_batch},
+               data_meta={"draft_vocab_coverage": round(coverage, 4)},
+               resume=resume, progress=progress, on_step=on_step, until=until)
     return Eagle.load(out_dir)

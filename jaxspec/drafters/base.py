@@ -56,17 +56,32 @@ class Drafter:
         return state
 
 
+def draw_token(logits: jax.Array, key, sampling: dict):
+    """One draft token per row from logits [B, V] with the target's sampling settings
+    -> (token int32[B], the distribution q [B, V] it was drawn from)."""
+    q = probs_from_logits(logits, sampling)
+    return jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32), q
+
+
+def check_head_target(kind: str, vocab_size: int, hidden_size: int, metadata: dict, model) -> None:
+    """ValueError unless a head trained for (vocab_size, hidden_size, metadata's fingerprint) fits `model`."""
+    t = model.config
+    if (vocab_size, hidden_size) != (t.vocab_size, t.hidden_size):
+        raise ValueError(f"{kind} head is for a target with vocabulary {vocab_size} and width "
+                         f"{hidden_size}, not {t.vocab_size} and {t.hidden_size}")
+    want = metadata.get("target_fingerprint")
+    if want and want != model.fingerprint:
+        raise ValueError(f"{kind} head was trained for target {metadata.get('target')!r} "
+                         f"(weights {want}), not for this model (weights {model.fingerprint})")
+
+
 def sample_chain(first_logits: jax.Array, step: Callable, carry, key, num_draft: int, sampling: dict):
     """Draw K draft tokens autoregressively with the target's sampling settings.
 
     first_logits [B, V] give token 1; step(carry, token int32[B]) -> (carry, logits [B, V]) gives
     each next one. -> (tokens int32[B, K], probs [B, K, V] the distributions drawn from, carry)."""
     keys = jax.random.split(key, num_draft)
-
-    def draw(logits, k):
-        q = probs_from_logits(logits, sampling)
-        return jax.random.categorical(k, jnp.log(q), axis=-1).astype(jnp.int32), q
-
+    draw = lambda logits, k: draw_token(logits, k, sampling)
     tok, q = draw(first_logits, keys[0])
 
     def body(state, k):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, eagle_step, fuse_features, to_target_logits
 from ..heads.io import load_head, save_head
-from .base import Context, Drafter, sample_chain
+from .base import Context, Drafter, check_head_target, sample_chain
 
 KIND = "eagle"
 
@@ -40,14 +40,7 @@ class Eagle(Drafter):
         return (KIND, self.cfg)
 
     def check_target(self, model) -> None:
-        c, t = self.cfg, model.config
-        if (c.target_vocab_size, c.hidden_size) != (t.vocab_size, t.hidden_size):
-            raise ValueError(f"EAGLE head is for a target with vocabulary {c.target_vocab_size} and width "
-                             f"{c.hidden_size}, not {t.vocab_size} and {t.hidden_size}")
-        want = self.metadata.get("target_fingerprint")
-        if want and want != model.fingerprint:
-            raise ValueError(f"EAGLE head was trained for target {self.metadata.get('target')!r} "
-                             f"(weights {want}), not for this model (weights {model.fingerprint})")
+        check_head_target("EAGLE", self.cfg.target_vocab_size, self.cfg.hidden_size, self.metadata, model)
 
     def params_for(self, model):
         return {"head": self.head_params, "embed": model.params["embed"]}

@@ -111,6 +111,13 @@ def lm_head(params, x: jax.Array) -> jax.Array:
     return jnp.einsum("...e,ve->...v", x, params["embed"], preferred_element_type=jnp.float32)
 
 
+def lm_head_rows(params, ids: jax.Array) -> jax.Array:
+    """The output matrix restricted to token ids int32[n] (a draft vocabulary): [E, n]."""
+    if "lm_head" in params:
+        return params["lm_head"][:, ids]
+    return params["embed"][ids].T
+
+
 def forward(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
             hidden_layers: tuple[int, ...] = ()):
     """forward(params, tokens[B,T], cache) -> (logits float32[B,T,V], hidden [N,B,T,E], cache)."""

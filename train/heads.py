@@ -1,0 +1,52 @@
+"""What every head's training shares around the loop: the run settings, the held-out acceptance
+check, and the head written at the end with metadata (target, data, steps, measured acceptance)."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+from . import loop
+from .acceptance import acceptance
+from .data import MANIFEST, summary
+from .plots import plot_run
+
+
+def data_settings(data_dir: str) -> dict:
+    with open(os.path.join(data_dir, MANIFEST)) as f:
+        return json.load(f)["settings"]
+
+
+def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, loss_fn: Callable, params,
+               frozen, batches, settings: dict, drafter_of: Callable, training_meta: dict, data_meta: dict,
+               eval_prompts=None, eval_tokens: int = 64, resume: bool = False, progress: bool = True,
+               on_step=None, until: int | None = None):
+    """Run loop.fit, then save drafter_of(params) (its .metadata filled in) to out_dir with training.png.
+
+    drafter_of(params) -> a drafter with .metadata and .save(path); its held-out acceptance is
+    measured every train_cfg.eval_every steps and at the end. -> the saved drafter."""
+    evaluate = (lambda p: acceptance(model, drafter_of(p), eval_prompts, eval_tokens)) if eval_prompts else None
+    params, done = loop.fit(loss_fn, params, frozen, batches, train_cfg, out_dir, settings, resume=resume,
+                            evaluate=evaluate, progress=progress, on_step=on_step, until=until)
+    records = loop.read_metrics(out_dir)
+    evals = [{"step": r["step"], **r["eval"]} for r in records if "eval" in r]
+    steps = [r for r in records if "eval" not in r]
+    last_eval, record = (evals[-1] if evals else None), (steps[-1] if steps else {})
+    if evaluate and (last_eval is None or last_eval["step"] != done):     # e.g. a resume with nothing left to run
+        result = evaluate(params)
+        loop.append_metrics(out_dir, {"step": done, "eval": result})
+        last_eval = {"step": done, **result}
+    train_seconds = (round(sum(r["seconds"] for r in steps), 1)           # None if a record lacks its time
+                     if steps and all("seconds" in r for r in steps) else None)
+    drafter = drafter_of(params)
+    drafter.metadata.update({
+        "target": model.source, "target_fingerprint": model.fingerprint,
+        "data": {**summary(data_dir), "tokens_trained_on": batches.num_tokens,
+                 "prompts_file": data_settings(data_dir)["prompts_file"], **data_meta},
+        "training": {"steps": done, "schedule_steps": train_cfg.steps, "lr": train_cfg.lr,
+                     "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
+                     "train_seconds": train_seconds, **training_meta},
+        "heldout_acceptance": last_eval})
+    drafter.save(out_dir)                      # bfloat16 on disk
+    plot_run(out_dir)
+    return drafter

@@ -1,0 +1,32 @@
+"""Soft cross-entropy against the target's distribution, per draft step, with decaying weights."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def shift_left(x: jax.Array, by: int = 1) -> jax.Array:
+    """x [B, T, ...] -> x[:, t + by] at t (the last `by` positions repeat x[:, -1]; callers mask them)."""
+    if by == 0:
+        return x
+    return jnp.concatenate([x[:, by:]] + [x[:, -1:]] * by, axis=1)
+
+
+def stepwise_soft_ce(logits: jax.Array, target_logits: jax.Array, shifts, valid, decay: float = 0.8):
+    """logits [J, B, T, Vd]: draft step j's logits at each position; target_logits [B, T, Vd];
+    step j's soft target at t is softmax(target_logits[:, t + shifts[j]]); valid [J] of bool[B, T].
+    -> (sum_j decay^j * mean CE_j, {"loss_j": [J], "top1_j": [J] argmax agreement})."""
+    per_step, top1, targets = [], [], {}
+    log_q = jax.nn.log_softmax(logits, axis=-1)
+    for j, s in enumerate(shifts):
+        if s not in targets:
+            targets[s] = jax.nn.softmax(shift_left(target_logits, s), axis=-1)
+        p = targets[s]
+        ce = -jnp.sum(p * log_q[j], axis=-1)
+        n = jnp.maximum(valid[j].sum(), 1)
+        per_step.append(jnp.sum(jnp.where(valid[j], ce, 0.0)) / n)
+        agree = jnp.argmax(logits[j], -1) == jnp.argmax(p, -1)
+        top1.append(jnp.sum(jnp.where(valid[j], agree, False)) / n)
+    per_step, top1 = jnp.stack(per_step), jnp.stack(top1)
+    weights = decay ** jnp.arange(len(shifts), dtype=jnp.float32)
+    return jnp.sum(weights * per_step), {"loss_j": per_step, "top1_j": top1}

@@ -1,0 +1,79 @@
+"""MTP head training (DeepSeek-V3 multi-token prediction) on cached target features.
+
+Module j at position p reads h^{j-1}_p and token_{p+j} and predicts token_{p+j+1}; its soft target is
+the target's distribution at position p + j, restricted to the draft vocabulary. h^0 is the target's
+last hidden state, recovered from the cached final-normed state: RMSNorm(x) only needs x / rms(x),
+which is normed / g for the target's final-norm weight g, so one feature cache serves EAGLE and MTP.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.cache import init_cache
+from jaxspec.drafters import MTP
+from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, init_mtp_params, mtp_logits, mtp_window
+from jaxspec.models import lm_head_rows
+
+from .batches import FeatureBatches
+from .features import bits_to_float, cache_features
+from .heads import data_settings, train_head
+from .losses import shift_left, stepwise_soft_ce
+from .vocab import draft_vocabulary
+
+
+def mtp_loss(params, frozen, batch, cfg: MTPConfig, decay: float = 0.8):
+    """The training loss on one batch of cached features (train/batches.py).
+
+    frozen: {"embed": [V, E], "norm": [E] the target's final norm, "rows": [E, Vd] its output rows of
+    the draft vocabulary}. Loss: sum_j decay^(j-1) * soft CE of module j. -> (loss, {"loss_j", "top1_j"})."""
+    feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
+    normed = feats[:, :, -1]
+    target_logits = jnp.einsum("bte,ev->btv", normed, frozen["rows"], preferred_element_type=jnp.float32)
+    g = frozen["norm"]
+    h0 = jnp.where(g != 0, normed / jnp.where(g != 0, g, 1.0), 0.0)          # direction of the last hidden state
+    tokens, mask = batch["tokens"], batch["mask"]
+    B, T = tokens.shape
+    D = cfg.num_modules
+    nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, D), tokens.dtype)], axis=1)   # token_{p+1}, [B, T+D-1]
+    cache = init_cache(cfg.cache_config(), B, T, h0.dtype)
+    hs, _ = mtp_window(params, frozen["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
+    logits = mtp_logits(frozen["norm"], frozen["rows"], hs, cfg.rms_norm_eps)        # [D, B, T, Vd]
+    t = jnp.arange(T)[None, :]
+    valid = [shift_left(mask, j) & (t + j < T) for j in range(1, D + 1)]   # the target at p + j predicts a kept token
+    return stepwise_soft_ce(logits, target_logits, list(range(1, D + 1)), valid, decay)
+
+
+def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 2, draft_vocab_size: int = 4096,
+              feature_layers=None, tokens_per_batch: int = 4096, seed: int = 0, resume: bool = False,
+              eval_prompts=None, eval_tokens: int = 64, progress: bool = True, on_step=None,
+              until: int | None = None, answer_only: bool = False, init_from_target: bool = True):
+    """Train D = num_modules MTP modules for `model` on the self-distilled data; save them to out_dir.
+
+    feature_layers only names the feature cache to reuse (EAGLE's default); MTP reads its last slot.
+    init_from_target: every module's block starts as a copy of the target's last layer. -> the MTP drafter."""
+    from jaxspec.heads.eagle import EagleConfig
+
+    vocab = model.config.vocab_size
+    cfg = MTPConfig.for_target(model.config, num_modules, min(draft_vocab_size, vocab))
+    layers = EagleConfig.for_target(model.config, 1, feature_layers).feature_layers
+    d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size)
+    feat_dir = cache_features(model, data_dir, layers, progress=progress)
+    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
+                             answer_only=answer_only)
+    block = ({k: model.params["layers"][k][-1] for k in BLOCK_KEYS} if init_from_target else None)
+    params = init_mtp_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, block=block)
+    d2t = params.pop("d2t")
+    frozen = {"embed": model.params["embed"], "norm": model.params["norm"], "rows": lm_head_rows(model.params, d2t)}
+    settings = {"kind": "mtp", "target": model.source, "target_fingerprint": model.fingerprint,
+                "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "num_modules": num_modules,
+                "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
+                "answer_only": answer_only, "init_from_target": init_from_target}
+    loss_fn = lambda p, fz, b: mtp_loss(p, fz, b, cfg)
+    train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, frozen, batches, settings,
+               lambda p: MTP({**p, "d2t": d2t}, cfg), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+               training_meta={"answer_only": answer_only, "num_modules": num_modules,
+                              "tokens_per_batch": tokens_per_batch, "init_from_target": init_from_target},
+               data_meta={"draft_vocab_coverage": round(coverage, 4)},
+               resume=resume, progress=progress, on_step=on_step, until=until)
+    return MTP.load(out_dir)
