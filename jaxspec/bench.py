@@ -52,23 +52,23 @@ def weight_bytes(params) -> int:
 
 def make_drafter(spec: str, model):
     """'ngram' | 'ngram:MAX:MIN' | 'draft:PATH' (a model folder or .gguf) | 'truncated:N' (first N layers)
-    | 'eagle:PATH' | 'eagle' | 'mtp:PATH' | 'mtp' ('eagle' and 'mtp': the heads shipped for the model,
-    see shipped_head)."""
+    | 'eagle:PATH' | 'eagle' | 'mtp:PATH' | 'mtp' | 'draft' ('eagle', 'mtp', 'draft': the heads and the
+    distilled draft model shipped for the model, see shipped_head)."""
     from .drafters import MTP, DraftModel, Eagle, NGram, truncated
 
     name, _, arg = spec.partition(":")
     if name == "ngram":
         return NGram(*(int(x) for x in arg.split(":"))) if arg else NGram()
-    if name == "draft" and arg:
-        return DraftModel.load(arg)
+    if name == "draft":
+        return DraftModel.load(arg or shipped_head(model, "draft"))
     if name == "truncated" and arg:
         return DraftModel(truncated(model, int(arg)))
     if name == "eagle":
         return Eagle.load(arg or shipped_head(model, "eagle"))
     if name == "mtp":
         return MTP.load(arg or shipped_head(model, "mtp"))
-    raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft:PATH, truncated:N, "
-                     f"eagle, eagle:PATH, mtp or mtp:PATH")
+    raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft, draft:PATH, "
+                     f"truncated:N, eagle, eagle:PATH, mtp or mtp:PATH")
 
 
 def shipped_head(model, kind: str) -> str:

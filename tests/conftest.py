@@ -5,6 +5,7 @@ import os
 
 import jax
 import pytest
+import tokenizers
 
 import jaxspec
 from jaxspec.config import ModelConfig
@@ -49,10 +50,14 @@ TINY = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_laye
 
 
 class ByteTokenizer:
-    """A stand-in tokenizer for tiny random models: ids are bytes mod vocab, no EOS."""
+    """A stand-in tokenizer for tiny random models: ids are bytes mod vocab, no EOS. Its `backend` (a
+    word-level table of the same ids) lets models that use it be written as Hugging Face folders."""
 
     eos_token_ids = ()
+    bos_token_id = pad_token_id = chat_template = None
     vocab_size = TINY.vocab_size
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"<{i}>": i for i in range(TINY.vocab_size)},
+                                                               unk_token="<0>"))
 
     def encode(self, text, add_special_tokens=False):
         return [b % self.vocab_size for b in text.encode()]

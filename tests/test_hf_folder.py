@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -294,3 +295,32 @@ def test_wrong_tensor_shape(broken):
     save_file(tensors, path, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="shape"):
         jaxspec.load(str(broken))
+
+
+@pytest.mark.parametrize("name", ["llama_tied", "llama_gqa_untied"])
+def test_written_folder_reads_back_in_transformers_and_jaxspec(folders, hf_tokenizer, tmp_path, name):
+    """save_hf_dir (how distilled draft models are shipped) is the inverse of loading: transformers reads
+    the folder and gives the original model's logits; jaxspec reads the same weights and tokenizer."""
+    from jaxspec.loading.hf_write import save_hf_dir
+
+    folder, model = folders[name]
+    ours = jaxspec.load(str(folder))
+    save_hf_dir(ours, str(tmp_path), bfloat16=False)
+    cls = _configs(hf_tokenizer)[name][0]
+    theirs = cls.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids = _ids(2)
+    _assert_close(_torch_logits(theirs, ids), _torch_logits(model, ids))
+    back = jaxspec.load(str(tmp_path))
+    assert back.config == ours.config
+    for a, b in zip(jax.tree.leaves(back.params), jax.tree.leaves(ours.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for text in TEXTS:
+        assert back.tokenizer.encode(text) == ours.tokenizer.encode(text), text
+    msgs = [{"role": "user", "content": "hi"}]
+    assert (back.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+            == ours.tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
+    assert (back.tokenizer.eos_token_ids, back.tokenizer.bos_token_id, back.tokenizer.pad_token_id) == \
+        (ours.tokenizer.eos_token_ids, ours.tokenizer.bos_token_id, ours.tokenizer.pad_token_id)
+    saved_bf16 = tmp_path / "bf16"
+    save_hf_dir(ours, str(saved_bf16))
+    assert (saved_bf16 / "model.safetensors").stat().st_size < 0.6 * (tmp_path / "model.safetensors").stat().st_size

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.drafters import MTP, Eagle
+from jaxspec.drafters import MTP, DraftModel, Eagle
 from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params
 from jaxspec.heads.mtp import BLOCK_KEYS
 from jaxspec.model import Model
@@ -22,6 +22,7 @@ from train import data, loop
 from train.acceptance import acceptance, heldout_prompts
 from jaxspec.models import lm_head_rows
 from train.eagle import train_eagle
+from train.draft import draft_config, projected_embeddings, train_draft
 from train.mtp import train_mtp
 
 from .conftest import TINY, ByteTokenizer
@@ -42,7 +43,11 @@ def chain_model() -> Model:
     return Model(CHAIN, params, ByteTokenizer(), "chain")
 EAGLE_KW = dict(draft_vocab_size=64, ttt_steps=3, feature_layers=LAYERS, tokens_per_batch=512, progress=False)
 MTP_KW = dict(num_modules=2, draft_vocab_size=64, feature_layers=LAYERS, tokens_per_batch=512, progress=False)
-TRAINERS = {"eagle": (train_eagle, EAGLE_KW, Eagle), "mtp": (train_mtp, MTP_KW, MTP)}
+DRAFT_SHAPE = dict(hidden_size=32, num_layers=1, head_dim=8, num_kv_heads=2)
+DRAFT_KW = dict(**DRAFT_SHAPE, feature_layers=LAYERS, tokens_per_batch=512, progress=False)
+TRAINERS = {"eagle": (train_eagle, EAGLE_KW, Eagle), "mtp": (train_mtp, MTP_KW, MTP),
+            "draft": (train_draft, DRAFT_KW, DraftModel)}
+KINDS = list(TRAINERS)
 
 
 def untrained(kind: str, m: Model, d2t):
@@ -50,9 +55,13 @@ def untrained(kind: str, m: Model, d2t):
     if kind == "eagle":
         cfg = EagleConfig.for_target(CHAIN, 64, LAYERS)
         return Eagle(init_eagle_params(cfg, jax.random.PRNGKey(0), d2t=d2t, lm_head=lm_head_rows(m.params, d2t)), cfg)
-    cfg = MTPConfig.for_target(CHAIN, 2, 64)
-    block = {k: m.params["layers"][k][-1] for k in BLOCK_KEYS}
-    return MTP(init_mtp_params(cfg, jax.random.PRNGKey(0), d2t=d2t, block=block), cfg)
+    if kind == "mtp":
+        cfg = MTPConfig.for_target(CHAIN, 2, 64)
+        block = {k: m.params["layers"][k][-1] for k in BLOCK_KEYS}
+        return MTP(init_mtp_params(cfg, jax.random.PRNGKey(0), d2t=d2t, block=block), cfg)
+    cfg = draft_config(CHAIN, **DRAFT_SHAPE)
+    params = {**init_params(cfg, jax.random.PRNGKey(0), scale=0.02), "embed": projected_embeddings(m.params["embed"], 32)}
+    return DraftModel(Model(cfg, params, m.tokenizer, "untrained"))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +78,7 @@ def tiny_data(tmp_path_factory):
     return m, out, str(prompts)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path, kind):
     m, data_dir, prompts = tiny_data
     trainer, kw, _ = TRAINERS[kind]
@@ -82,7 +91,8 @@ def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path, kind):
     assert {"lr", "tokens_per_s", "top1_j", "loss_j", "grad_norm"} <= set(records[0])
     assert [r["step"] for r in records if "eval" in r] == [60, 120]
 
-    before = acceptance(m, untrained(kind, m, drafter.head_params["d2t"]), held, 24)["mean_accepted_length"]
+    d2t = drafter.head_params["d2t"] if kind != "draft" else None
+    before = acceptance(m, untrained(kind, m, d2t), held, 24)["mean_accepted_length"]
     after = acceptance(m, drafter, held, 24)["mean_accepted_length"]
     print(f"tiny {kind} mean accepted length: untrained {before:.2f}, trained {after:.2f}")
     assert after > before + 1.0
@@ -96,7 +106,7 @@ def _losses(out_dir) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in loop.read_metrics(out_dir) if "loss" in r]
 
 
-@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_resume_after_kill_continues_exactly(tiny_data, tmp_path, kind):
     m, data_dir, _ = tiny_data
     train, kw, head = TRAINERS[kind]
@@ -118,7 +128,8 @@ def test_resume_after_kill_continues_exactly(tiny_data, tmp_path, kind):
     assert early.metadata["training"]["steps"] == 6 and early.metadata["training"]["schedule_steps"] == 8
     train(m, data_dir, killed, cfg, resume=True, **kw)
     assert _losses(killed) == _losses(whole)                          # steps 4..8 identical
-    a, b = head.load(whole).head_params, head.load(killed).head_params
+    params = lambda d: d.model.params if kind == "draft" else d.head_params
+    a, b = params(head.load(whole)), params(head.load(killed))
     assert jax.tree.all(jax.tree.map(np.array_equal, a, b))
 
 
@@ -158,7 +169,7 @@ train(chain_model(), sys.argv[1], sys.argv[2], cfg, **kw)
 """
 
 
-@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_data_parallel_step_equals_single_device(tiny_data, tmp_path, kind):
     _, data_dir, _ = tiny_data
     losses = {}

@@ -64,6 +64,26 @@ def cmd_mtp(args) -> int:
     return 0
 
 
+def cmd_draft(args) -> int:
+    import jaxspec
+
+    from . import loop
+    from .acceptance import heldout_prompts
+    from .draft import train_draft
+
+    model = jaxspec.load(args.target)
+    cfg = loop.TrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, save_every=args.save_every,
+                           eval_every=args.eval_every, log_every=args.log_every)
+    held = heldout_prompts(model, args.data, args.prompts, args.eval_prompts) if args.eval_prompts else None
+    drafter = train_draft(model, args.data, args.out, cfg, hidden_size=args.width, num_layers=args.layers,
+                          tokens_per_batch=args.batch_tokens, seed=args.seed, resume=args.resume, eval_prompts=held,
+                          eval_tokens=args.eval_tokens, until=args.until, answer_only=args.answer_only)
+    acc = drafter.metadata.get("heldout_acceptance") or {}
+    print(f"{args.out}: draft model ({args.layers} layers, width {args.width}) for {args.target}; held-out mean "
+          f"accepted length (K=5, greedy): {acc.get('mean_accepted_length', 'not measured')}")
+    return 0
+
+
 def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
@@ -113,3 +133,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--answer-only", action="store_true",
                    help="train only on positions whose drafts fall in the answers (not the prompts)")
     m.set_defaults(handler=cmd_mtp)
+    dm = tsub.add_parser("draft", help="distil a small draft model from the target's distributions (resumable)")
+    _training_args(dm, steps=2000, lr=1e-3)
+    dm.set_defaults(batch_tokens=2048)
+    dm.add_argument("--width", type=int, default=192, help="the draft model's width E (tied embeddings)")
+    dm.add_argument("--layers", type=int, default=4, help="the draft model's decoder layers")
+    dm.add_argument("--answer-only", action="store_true",
+                    help="train only on positions whose drafts fall in the answers (not the prompts)")
+    dm.set_defaults(handler=cmd_draft)

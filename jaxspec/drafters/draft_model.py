@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -50,15 +52,30 @@ class DraftModel(Drafter):
     already hold the same token, and fills the slot the last accepted draft never wrote.
     """
 
-    def __init__(self, model: Model):
+    METADATA = "draft.json"     # beside a saved model folder: what it was distilled for and how
+
+    def __init__(self, model: Model, metadata: dict | None = None):
         if not isinstance(model, Model):
             raise ValueError(f"DraftModel needs a jaxspec Model, got {type(model).__name__}")
-        self.model = model
+        self.model, self.metadata = model, dict(metadata or {})
 
     @classmethod
     def load(cls, path: str, **kwargs) -> "DraftModel":
+        """A model folder or GGUF; a folder's draft.json (written by save) becomes .metadata."""
         from ..loading import load
-        return cls(load(path, **kwargs))
+        meta_path = os.path.join(path, cls.METADATA)
+        meta = {}
+        if os.path.isfile(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f).get("metadata", {})
+        return cls(load(path, **kwargs), meta)
+
+    def save(self, path: str) -> None:
+        """A Hugging Face model folder (bfloat16) plus draft.json with .metadata."""
+        from ..loading.hf_write import save_hf_dir
+        save_hf_dir(self.model, path)
+        with open(os.path.join(path, self.METADATA), "w") as f:
+            json.dump({"kind": "draft", "metadata": self.metadata}, f, indent=1)
 
     def __repr__(self):
         cfg = self.model.config

@@ -1,0 +1,94 @@
+"""Distil a small independent draft model (a Llama config on the target's tokenizer) from the target's
+output distributions (forward KL, Hinton et al. 2015; as a drafter, Leviathan et al. 2023).
+
+The draft model is narrow (width E_d) with tied embeddings, so its embedding table, the bulk of its
+weights, stays small. That table starts as the target's embeddings projected on their top E_d
+principal directions; the layers start random. Loss at position t: soft cross-entropy between the
+target's distribution for token t+1 (recomputed from the cached final-normed state) and the draft's.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.cache import init_cache
+from jaxspec.config import ModelConfig
+from jaxspec.drafters import DraftModel
+from jaxspec.model import Model
+from jaxspec.models import forward, init_params, lm_head
+
+from .batches import FeatureBatches
+from .features import bits_to_float, cache_features
+from .heads import data_settings, train_head
+from .losses import stepwise_soft_ce
+
+
+def draft_config(target: ModelConfig, hidden_size: int = 192, num_layers: int = 4, head_dim: int = 64,
+                 num_kv_heads: int = 1, mlp_ratio: int = 3) -> ModelConfig:
+    """A narrow Llama config on the target's vocabulary, tied embeddings."""
+    if hidden_size % head_dim:
+        raise ValueError(f"hidden_size {hidden_size} must be a multiple of head_dim {head_dim}")
+    heads = hidden_size // head_dim
+    if heads % num_kv_heads:
+        raise ValueError(f"{heads} query heads are not a multiple of num_kv_heads {num_kv_heads}")
+    return dataclasses.replace(target, hidden_size=hidden_size, intermediate_size=mlp_ratio * hidden_size,
+                               num_layers=num_layers, num_heads=heads, num_kv_heads=num_kv_heads,
+                               head_dim=head_dim, tie_word_embeddings=True, qkv_bias=False,
+                               architecture="llama")
+
+
+def projected_embeddings(embed: jax.Array, width: int) -> jax.Array:
+    """Target embeddings [V, E] on their top `width` principal directions -> [V, width], rescaled to the
+    target's per-coordinate RMS."""
+    x = np.asarray(embed, np.float64)
+    cov = (x - x.mean(0)).T @ (x - x.mean(0))
+    _, vecs = np.linalg.eigh(cov)                                  # ascending eigenvalues
+    y = x @ vecs[:, ::-1][:, :width]
+    y *= np.sqrt((x ** 2).mean() / (y ** 2).mean())
+    return jnp.asarray(y, jnp.float32)
+
+
+def draft_loss(params, frozen, batch, cfg: ModelConfig):
+    """Soft cross-entropy to the target's full-vocabulary distribution at every kept position.
+    frozen: {"target_out": the target's output params ({"embed"} or {"lm_head"})}. -> (loss, metrics)."""
+    feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
+    target_logits = lm_head(frozen["target_out"], feats[:, :, -1])           # [B, T, V]
+    tokens = batch["tokens"]
+    B, T = tokens.shape
+    logits, _, _ = forward(params, tokens, init_cache(cfg, B, T, params["embed"].dtype), cfg)
+    return stepwise_soft_ce(logits[None], target_logits, [0], [batch["mask"]], decay=1.0)
+
+
+def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int = 192, num_layers: int = 4,
+                feature_layers=None, tokens_per_batch: int = 2048, seed: int = 0, resume: bool = False,
+                eval_prompts=None, eval_tokens: int = 64, progress: bool = True, on_step=None,
+                until: int | None = None, answer_only: bool = False, **config_kw):
+    """Distil a draft model of width hidden_size and num_layers layers from `model`; save it to out_dir
+    (a Hugging Face folder + draft.json). feature_layers only names the feature cache to reuse.
+    -> the DraftModel."""
+    from jaxspec.heads.eagle import EagleConfig
+
+    cfg = draft_config(model.config, hidden_size, num_layers, **config_kw)
+    layers = EagleConfig.for_target(model.config, 1, feature_layers).feature_layers
+    feat_dir = cache_features(model, data_dir, layers, progress=progress)
+    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
+                             answer_only=answer_only)
+    params = init_params(cfg, jax.random.PRNGKey(seed), scale=0.02)
+    params["embed"] = projected_embeddings(model.params["embed"], hidden_size)
+    out = ({"lm_head": model.params["lm_head"]} if "lm_head" in model.params else {"embed": model.params["embed"]})
+    settings = {"kind": "draft", "target": model.source, "target_fingerprint": model.fingerprint,
+                "data": data_settings(data_dir), "config": dataclasses.asdict(cfg),
+                "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
+                "answer_only": answer_only}
+    loss_fn = lambda p, fz, b: draft_loss(p, fz, b, cfg)
+    drafter_of = lambda p: DraftModel(Model(cfg, p, model.tokenizer, f"draft for {model.source}"))
+    train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, {"target_out": out}, batches, settings,
+               drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch,
+                              "parameters": cfg.num_params,
+                              "target_parameters": model.config.num_params},
+               data_meta={}, resume=resume, progress=progress, on_step=on_step, until=until)
+    return DraftModel.load(out_dir)
