@@ -50,6 +50,26 @@ def weight_bytes(params) -> int:
     return int(sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(params)))
 
 
+def drafter_memory(model, drafter, K: int, prompt_len: int, max_new_tokens: int) -> dict:
+    """What a drafter adds at run time, batch 1: its parameters (arrays passed to the compiled loop that
+    the target does not own, e.g. a head or a draft model's weights, and the target rows an MTP head
+    reads) and its state (caches, buffers) at the capacity generate() allocates for this prompt length."""
+    from .generate import bucket
+
+    target = {id(x) for x in jax.tree_util.tree_leaves(model.params)}
+    own = [x for x in jax.tree_util.tree_leaves(drafter.params_for(model)) if id(x) not in target]
+    T, E = bucket(prompt_len), model.config.hidden_size
+    capacity = T + bucket(max_new_tokens) + K + 1
+    feats = jax.ShapeDtypeStruct((len(drafter.hidden_layers), 1, T, E), model.params["embed"].dtype)
+    init = lambda params, prompts, lengths, feats: drafter.init(params, prompts, lengths, capacity, feats)
+    state = jax.eval_shape(init, drafter.params_for(model), jax.ShapeDtypeStruct((1, T), jnp.int32),
+                           jax.ShapeDtypeStruct((1,), jnp.int32), feats)
+    return {"parameters": int(sum(x.size for x in own if jnp.issubdtype(x.dtype, jnp.floating))),
+            "weight_bytes": int(sum(x.nbytes for x in own)),
+            "state_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(state))),
+            "capacity": capacity}
+
+
 def make_drafter(spec: str, model):
     """'ngram' | 'ngram:MAX:MIN' | 'draft:PATH' (a model folder or .gguf) | 'truncated:N' (first N layers)
     | 'eagle:PATH' | 'eagle' | 'mtp:PATH' | 'mtp' | 'draft' ('eagle', 'mtp', 'draft': the heads and the
@@ -195,6 +215,9 @@ def run(model_name: str, prompt_file: str | None, num_prompts: int, max_new_toke
     result = {"model": model_name, "backend": jax.default_backend(), "prompts": len(ids),
               "prompt_file": prompt_file or DEFAULT_PROMPTS, "max_new_tokens": max_new_tokens,
               "batch": 1, "sampling": "greedy", "decoders": decoders}
+    result["memory"] = {spec: drafter_memory(model, d, max(ks), len(ids[0]), max_new_tokens)
+                        for spec, d in made.items()}
+    result["target_parameters"] = int(sum(x.size for x in jax.tree_util.tree_leaves(model.params)))
     result["profiles"] = {}
     for spec, drafter in made.items():
         for k in ks:
@@ -241,6 +264,14 @@ def markdown(r: dict) -> str:
             f = p["fractions"]
             lines.append(f"| {name} | {1e3 * p['step_seconds']:.1f} | {100 * f['draft']:.0f}% | "
                          f"{100 * f['verify']:.0f}% | {100 * f['other']:.0f}% |")
+    if r.get("memory"):
+        lines += [f"\nWhat each drafter adds at run time (batch 1, float32; the target has "
+                  f"{r['target_parameters'] / 1e6:.1f}M parameters):\n",
+                  "| drafter | extra parameters | extra weights MB | drafter state MB (cache of S slots) |",
+                  "|---|---:|---:|---:|"]
+        for name, m in r["memory"].items():
+            lines.append(f"| {name} | {m['parameters'] / 1e6:.2f}M | {m['weight_bytes'] / 1e6:.1f} | "
+                         f"{m['state_bytes'] / 1e6:.2f} (S={m['capacity']}) |")
     b = r["bandwidth"]
     lines.append(f"\nBandwidth bound: {b['read_bytes_per_second'] / 1e9:.1f} GB/s read / "
                  f"{b['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token = "

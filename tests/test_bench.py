@@ -37,3 +37,28 @@ def test_bench_prompt_file_and_drafter_names(tmp_path):
     with pytest.raises(ValueError, match="unknown drafter"):
         bench.make_drafter("magic", tiny_model())
     assert bench.make_drafter("ngram:4:2", None).max_ngram == 4
+
+
+def test_drafter_memory_counts_own_weights_and_state():
+    import jax
+
+    from jaxspec.drafters import DraftModel
+    from jaxspec.heads import MTPConfig, init_mtp_params
+    from jaxspec.drafters import MTP
+
+    from .conftest import TINY
+
+    m, small = tiny_model(), tiny_model(seed=1)
+    got = bench.drafter_memory(m, DraftModel(small), K=3, prompt_len=20, max_new_tokens=12)
+    S = 32 + 16 + 3 + 1                                                    # buckets of 20 and 12, + K + 1
+    assert got["capacity"] == S
+    assert got["parameters"] == sum(x.size for x in jax.tree_util.tree_leaves(small.params))
+    kv = 2 * TINY.num_layers * S * TINY.num_kv_heads * TINY.head_dim * 4   # k and v, float32, batch 1
+    assert got["state_bytes"] == kv + 4                                    # + the int32 length
+    assert bench.drafter_memory(m, DraftModel(m), 3, 20, 12)["parameters"] == 0   # self-drafting adds none
+    assert bench.drafter_memory(m, NGram(), 3, 20, 12)["weight_bytes"] == 0
+    cfg = MTPConfig.for_target(TINY, num_modules=2, draft_vocab_size=40)
+    head = init_mtp_params(cfg, jax.random.PRNGKey(0))
+    got = bench.drafter_memory(m, MTP(head, cfg), 3, 20, 12)
+    own = sum(x.size for x in jax.tree_util.tree_leaves(head) if x.dtype != jax.numpy.int32)
+    assert got["parameters"] == own + TINY.hidden_size * 40                # + the target rows it gathers
