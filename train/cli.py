@@ -23,65 +23,42 @@ def cmd_data(args) -> int:
     return 0
 
 
-def cmd_eagle(args) -> int:
+def _train(args, what: str, train_fn, **kwargs) -> int:
+    """The part every `jaxspec train HEAD` shares: load the target, the schedule, held-out prompts;
+    train_fn(model, data, out, cfg, **common, **kwargs) -> drafter; print its held-out acceptance."""
     import jaxspec
 
     from . import loop
     from .acceptance import heldout_prompts
-    from .eagle import train_eagle
 
     model = jaxspec.load(args.target)
     cfg = loop.TrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, save_every=args.save_every,
                            eval_every=args.eval_every, log_every=args.log_every)
     held = heldout_prompts(model, args.data, args.prompts, args.eval_prompts) if args.eval_prompts else None
-    drafter = train_eagle(model, args.data, args.out, cfg, draft_vocab_size=args.draft_vocab,
-                          ttt_steps=args.ttt_steps, tokens_per_batch=args.batch_tokens, seed=args.seed,
-                          resume=args.resume, eval_prompts=held, eval_tokens=args.eval_tokens,
-                          until=args.until, answer_only=args.answer_only)
+    drafter = train_fn(model, args.data, args.out, cfg, tokens_per_batch=args.batch_tokens, seed=args.seed,
+                       resume=args.resume, eval_prompts=held, eval_tokens=args.eval_tokens, until=args.until,
+                       answer_only=args.answer_only, **kwargs)
     acc = drafter.metadata.get("heldout_acceptance") or {}
-    print(f"{args.out}: EAGLE head for {args.target}; held-out mean accepted length (K=5, greedy): "
+    print(f"{args.out}: {what} for {args.target}; held-out mean accepted length (K=5, greedy): "
           f"{acc.get('mean_accepted_length', 'not measured')}")
     return 0
 
 
+def cmd_eagle(args) -> int:
+    from .eagle import train_eagle
+    return _train(args, "EAGLE head", train_eagle, draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps)
+
+
 def cmd_mtp(args) -> int:
-    import jaxspec
-
-    from . import loop
-    from .acceptance import heldout_prompts
     from .mtp import train_mtp
-
-    model = jaxspec.load(args.target)
-    cfg = loop.TrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, save_every=args.save_every,
-                           eval_every=args.eval_every, log_every=args.log_every)
-    held = heldout_prompts(model, args.data, args.prompts, args.eval_prompts) if args.eval_prompts else None
-    drafter = train_mtp(model, args.data, args.out, cfg, num_modules=args.modules, draft_vocab_size=args.draft_vocab,
-                        tokens_per_batch=args.batch_tokens, seed=args.seed, resume=args.resume, eval_prompts=held,
-                        eval_tokens=args.eval_tokens, until=args.until, answer_only=args.answer_only)
-    acc = drafter.metadata.get("heldout_acceptance") or {}
-    print(f"{args.out}: MTP head ({args.modules} modules) for {args.target}; held-out mean accepted length "
-          f"(K=5, greedy): {acc.get('mean_accepted_length', 'not measured')}")
-    return 0
+    return _train(args, f"MTP head ({args.modules} modules)", train_mtp, num_modules=args.modules,
+                  draft_vocab_size=args.draft_vocab)
 
 
 def cmd_draft(args) -> int:
-    import jaxspec
-
-    from . import loop
-    from .acceptance import heldout_prompts
     from .draft import train_draft
-
-    model = jaxspec.load(args.target)
-    cfg = loop.TrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, save_every=args.save_every,
-                           eval_every=args.eval_every, log_every=args.log_every)
-    held = heldout_prompts(model, args.data, args.prompts, args.eval_prompts) if args.eval_prompts else None
-    drafter = train_draft(model, args.data, args.out, cfg, hidden_size=args.width, num_layers=args.layers,
-                          tokens_per_batch=args.batch_tokens, seed=args.seed, resume=args.resume, eval_prompts=held,
-                          eval_tokens=args.eval_tokens, until=args.until, answer_only=args.answer_only)
-    acc = drafter.metadata.get("heldout_acceptance") or {}
-    print(f"{args.out}: draft model ({args.layers} layers, width {args.width}) for {args.target}; held-out mean "
-          f"accepted length (K=5, greedy): {acc.get('mean_accepted_length', 'not measured')}")
-    return 0
+    return _train(args, f"draft model ({args.layers} layers, width {args.width})", train_draft,
+                  hidden_size=args.width, num_layers=args.layers)
 
 
 def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
@@ -102,6 +79,8 @@ def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--until", type=int, default=None,
                    help="stop after this step (saved, head written); --resume later continues the schedule")
+    p.add_argument("--answer-only", action="store_true",
+                   help="train only on positions whose drafts fall in the answers (not the prompts)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -123,21 +102,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     _training_args(e, steps=2000, lr=1e-3)
     e.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd")
     e.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled in training")
-    e.add_argument("--answer-only", action="store_true",
-                   help="train only on positions whose drafts fall in the answers (not the prompts)")
     e.set_defaults(handler=cmd_eagle)
     m = tsub.add_parser("mtp", help="train DeepSeek-V3-style multi-token-prediction modules (resumable)")
     _training_args(m, steps=2000, lr=1e-3)
     m.add_argument("--modules", type=int, default=2, help="number of MTP modules D (1-4 is usual)")
     m.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size Vd")
-    m.add_argument("--answer-only", action="store_true",
-                   help="train only on positions whose drafts fall in the answers (not the prompts)")
     m.set_defaults(handler=cmd_mtp)
     dm = tsub.add_parser("draft", help="distil a small draft model from the target's distributions (resumable)")
     _training_args(dm, steps=2000, lr=1e-3)
     dm.set_defaults(batch_tokens=2048)
     dm.add_argument("--width", type=int, default=192, help="the draft model's width E (tied embeddings)")
     dm.add_argument("--layers", type=int, default=4, help="the draft model's decoder layers")
-    dm.add_argument("--answer-only", action="store_true",
-                    help="train only on positions whose drafts fall in the answers (not the prompts)")
     dm.set_defaults(handler=cmd_draft)
