@@ -25,11 +25,11 @@ def plain_answers(smollm, chat_prompts):
 
 
 @pytest.mark.parametrize("K", [1, 3, 5])
-@pytest.mark.parametrize("kind", ["ngram", "draft", "eagle"])
+@pytest.mark.parametrize("kind", ["ngram", "truncated", "eagle", "mtp", "draft"])
 def test_greedy_lossless_on_smollm2(smollm, plain_answers, kind, K):
     prompts, expected = plain_answers
-    drafter = {"ngram": NGram, "draft": lambda: DraftModel(truncated(smollm, 4)),
-               "eagle": lambda: make_drafter("eagle", smollm)}[kind]()     # eagle: the shipped head
+    drafter = (DraftModel(truncated(smollm, 4)) if kind == "truncated"
+               else make_drafter(kind, smollm))             # eagle, mtp, draft: shipped in checkpoints/
     out = jaxspec.generate(smollm, prompts, max_new_tokens=64, drafter=drafter, num_draft_tokens=K)
     assert len({len(p) for p in prompts}) == 3
     for i in range(len(prompts)):

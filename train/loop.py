@@ -59,8 +59,8 @@ def data_mesh() -> Mesh:
     return Mesh(np.asarray(jax.devices()), ("data",))
 
 
-def _step_fn(loss_fn: Callable, opt: optax.GradientTransformation, frozen):
-    def step(state, batch):
+def _step_fn(loss_fn: Callable, opt: optax.GradientTransformation):
+    def step(state, frozen, batch):      # frozen is an argument: closed over, it would be baked in as constants
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], frozen, batch)
         updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
@@ -161,7 +161,7 @@ def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: s
     if resume:
         state = run.restore(state)
     frozen = jax.device_put(frozen, replicated)
-    step_fn = jax.jit(_step_fn(loss_fn, opt, frozen), donate_argnums=0, out_shardings=(replicated, replicated))
+    step_fn = jax.jit(_step_fn(loss_fn, opt), donate_argnums=0, out_shardings=(replicated, replicated))
     schedule = learning_rate(cfg)
     start = int(state["step"])
     stop = cfg.steps if until is None else max(start, min(int(until), cfg.steps))
@@ -173,7 +173,7 @@ def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: s
             rows = next(iter(batch.values())).shape[0]
             if rows % n_dev:
                 raise ValueError(f"a batch of {rows} rows cannot be split over {n_dev} devices")
-            state, metrics = step_fn(state, jax.device_put(batch, split))
+            state, metrics = step_fn(state, frozen, jax.device_put(batch, split))
             tokens += int(batch["mask"].sum())
             done = k + 1
             if done % cfg.log_every == 0 or done == stop:
