@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peer", choices=["transformers"], default=None)
     b.add_argument("--out", default=None, help="folder for bench.json and bench.md")
     b.add_argument("--drafters", default="ngram",
-                   help="comma-separated: ngram, ngram:MAX:MIN, draft:PATH, truncated:N ('' = plain only)")
+                   help="comma-separated: ngram, ngram:MAX:MIN, eagle, mtp, draft (shipped for the model), "
+                        "eagle:PATH, mtp:PATH, draft:PATH, truncated:N ('' = plain only)")
     b.add_argument("-k", "--k", default="5", help="comma-separated draft lengths K")
     for plugin in entry_points(group="jaxspec.commands"):   # e.g. `train`, from the train package
         plugin.load()(sub)
