@@ -21,7 +21,7 @@ from jaxspec.model import Model
 from jaxspec.models import forward, init_params, lm_head
 
 from .batches import FeatureBatches
-from .features import bits_to_float, cache_features
+from .features import bits_to_float, cache_features, shared_layers
 from .heads import data_settings, train_head
 from .losses import stepwise_soft_ce
 
@@ -69,11 +69,8 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
     """Distil a draft model of width hidden_size and num_layers layers from `model`; save it to out_dir
     (a Hugging Face folder + draft.json). feature_layers only names the feature cache to reuse.
     -> the DraftModel."""
-    from jaxspec.heads.eagle import EagleConfig
-
     cfg = draft_config(model.config, hidden_size, num_layers, **config_kw)
-    layers = EagleConfig.for_target(model.config, 1, feature_layers).feature_layers
-    feat_dir = cache_features(model, data_dir, layers, progress=progress)
+    feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
                              answer_only=answer_only)
     params = init_params(cfg, jax.random.PRNGKey(seed), scale=0.02)

@@ -39,6 +39,13 @@ def _hidden(params, tokens, cfg, layers):
 _hidden_jit = jax.jit(_hidden, static_argnames=("cfg", "layers"))
 
 
+def shared_layers(model, feature_layers=None) -> tuple:
+    """The feature layers whose cache MTP and draft-model training reuse: EAGLE's (default low, middle,
+    high), since those trainers read only the cache's last slot (the final normed state)."""
+    from jaxspec.heads.eagle import EagleConfig
+    return EagleConfig.for_target(model.config, 1, feature_layers).feature_layers
+
+
 def feature_dir(data_dir: str, layers) -> str:
     return os.path.join(data_dir, "features-" + "-".join(map(str, layers)))
 

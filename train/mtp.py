@@ -16,7 +16,7 @@ from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, init_mtp_params, mtp_logits
 from jaxspec.models import lm_head_rows
 
 from .batches import FeatureBatches
-from .features import bits_to_float, cache_features
+from .features import bits_to_float, cache_features, shared_layers
 from .heads import data_settings, train_head
 from .losses import shift_left, stepwise_soft_ce
 from .vocab import draft_vocabulary
@@ -52,13 +52,10 @@ def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 
 
     feature_layers only names the feature cache to reuse (EAGLE's default); MTP reads its last slot.
     init_from_target: every module's block starts as a copy of the target's last layer. -> the MTP drafter."""
-    from jaxspec.heads.eagle import EagleConfig
-
     vocab = model.config.vocab_size
     cfg = MTPConfig.for_target(model.config, num_modules, min(draft_vocab_size, vocab))
-    layers = EagleConfig.for_target(model.config, 1, feature_layers).feature_layers
     d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size)
-    feat_dir = cache_features(model, data_dir, layers, progress=progress)
+    feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
                              answer_only=answer_only)
     block = ({k: model.params["layers"][k][-1] for k in BLOCK_KEYS} if init_from_target else None)

@@ -105,15 +105,15 @@ def mtp_logits(norm: jax.Array, rows: jax.Array, h: jax.Array, eps: float) -> ja
 
 
 def mtp_window(params, embed: jax.Array, h0: jax.Array, next_tokens: jax.Array, cache: KVCache, cfg: MTPConfig,
-               start: jax.Array, num_modules: int | None = None):
-    """Modules 1..num_modules (default D) over a window of T positions p = start[b] + t (teacher forcing).
+               start: jax.Array):
+    """All D modules over a window of T positions p = start[b] + t (teacher forcing).
 
     h0 [B, T, E]: the target's last hidden state there; next_tokens int32[B, T + D - 1]: token_{p+1} at
     column t, continuing D - 1 columns further (module j reads columns j-1 .. j-1+T).
     -> (h [D, B, T, E], cache holding the window in each module's layer, length = start + T)."""
     T = h0.shape[1]
     hs, h = [], h0
-    for j in range(num_modules or cfg.num_modules):
+    for j in range(cfg.num_modules):
         h, cache = mtp_module(params, j, embed, h, next_tokens[:, j:j + T], rollback(cache, start), cfg)
         hs.append(h)
     return jnp.stack(hs), advance(rollback(cache, start), T)
