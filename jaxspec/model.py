@@ -11,7 +11,7 @@ import numpy as np
 
 from .cache import init_cache
 from .config import ModelConfig
-from .models import forward
+from .models import forward, unstack_layers
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -42,8 +42,15 @@ class Model:
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """A short hash of the weights (sha256 over every leaf's bytes), to bind heads to their target."""
+        """A short hash of the weights, to bind heads to their target: sha256 over every leaf's float32
+        bytes in the stacked layout's leaf order, so per-layer and stacked params hash alike."""
         h = hashlib.sha256()
-        for leaf in jax.tree_util.tree_leaves(self.params):
-            h.update(np.asarray(leaf, np.float32).tobytes())
+        layers = unstack_layers(self.params["layers"])
+        for name in sorted(self.params):
+            if name != "layers":
+                h.update(np.asarray(self.params[name], np.float32).tobytes())
+                continue
+            for key in sorted(layers[0]):                 # a stacked leaf's bytes: its layers in order
+                for p in layers:
+                    h.update(np.asarray(p[key], np.float32).tobytes())
         return h.hexdigest()[:16]

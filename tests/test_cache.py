@@ -71,3 +71,20 @@ def test_hidden_states_of_requested_layers():
     assert hidden.shape == (3, 2, 4, CFG.hidden_size)
     np.testing.assert_allclose(hidden[0], m.params["embed"][ids])
     assert not np.allclose(hidden[1], hidden[2])
+
+
+def test_per_layer_and_stacked_layouts_agree():
+    """Loaded models keep layers as a tuple (run unrolled), init_params stacks them (run by scan):
+    logits, requested hidden states and the written cache agree between the two layouts."""
+    from jaxspec.models import stack_layers, unstack_layers
+
+    m = tiny_model()
+    per_layer = {**m.params, "layers": unstack_layers(m.params["layers"])}
+    assert isinstance(m.params["layers"], dict) and len(per_layer["layers"]) == CFG.num_layers
+    ids = _ids(11, (2, 5))
+    a = forward(m.params, ids, init_cache(CFG, 2, 8), CFG, (0, 2, 1))
+    b = forward(per_layer, ids, init_cache(CFG, 2, 8), CFG, (0, 2, 1))
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+    back = stack_layers(per_layer["layers"])
+    assert all(np.array_equal(back[k], m.params["layers"][k]) for k in back)

@@ -17,7 +17,7 @@ from jaxspec.drafters import MTP, DraftModel, Eagle
 from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params
 from jaxspec.heads.mtp import BLOCK_KEYS
 from jaxspec.model import Model
-from jaxspec.models import init_params
+from jaxspec.models import init_params, layer_params
 from train import data, loop
 from train.acceptance import acceptance, heldout_prompts
 from jaxspec.models import lm_head_rows
@@ -57,7 +57,7 @@ def untrained(kind: str, m: Model, d2t):
         return Eagle(init_eagle_params(cfg, jax.random.PRNGKey(0), d2t=d2t, lm_head=lm_head_rows(m.params, d2t)), cfg)
     if kind == "mtp":
         cfg = MTPConfig.for_target(CHAIN, 2, 64)
-        block = {k: m.params["layers"][k][-1] for k in BLOCK_KEYS}
+        block = {k: layer_params(m.params, -1)[k] for k in BLOCK_KEYS}
         return MTP(init_mtp_params(cfg, jax.random.PRNGKey(0), d2t=d2t, block=block), cfg)
     cfg = draft_config(CHAIN, **DRAFT_SHAPE)
     params = {**init_params(cfg, jax.random.PRNGKey(0), scale=0.02), "embed": projected_embeddings(m.params["embed"], 32)}

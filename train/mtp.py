@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxspec.cache import init_cache
 from jaxspec.drafters import MTP
 from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, init_mtp_params, mtp_logits, mtp_window
-from jaxspec.models import lm_head_rows
+from jaxspec.models import layer_params, lm_head_rows
 
 from .batches import FeatureBatches
 from .features import bits_to_float, cache_features, shared_layers
@@ -58,7 +58,7 @@ def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 
     feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
                              answer_only=answer_only)
-    block = ({k: model.params["layers"][k][-1] for k in BLOCK_KEYS} if init_from_target else None)
+    block = ({k: layer_params(model.params, -1)[k] for k in BLOCK_KEYS} if init_from_target else None)
     params = init_mtp_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, block=block)
     d2t = params.pop("d2t")
     frozen = {"embed": model.params["embed"], "norm": model.params["norm"], "rows": lm_head_rows(model.params, d2t)}

@@ -38,8 +38,10 @@ def truncated(model: Model, num_layers: int) -> Model:
     if not 1 <= num_layers <= model.config.num_layers:
         raise ValueError(f"num_layers must lie in [1, {model.config.num_layers}], got {num_layers}")
     cfg = dataclasses.replace(model.config, num_layers=num_layers)
-    params = {**model.params, "layers": jax.tree_util.tree_map(lambda a: a[:num_layers],
-                                                               model.params["layers"])}
+    layers = model.params["layers"]
+    layers = layers[:num_layers] if isinstance(layers, tuple) else \
+        jax.tree_util.tree_map(lambda a: a[:num_layers], layers)
+    params = {**model.params, "layers": layers}
     return Model(config=cfg, params=params, tokenizer=model.tokenizer,
                  source=f"{model.source}[:{num_layers} layers]")
 

@@ -9,6 +9,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from ..model import Model
+from ..models import stack_layers
 
 
 def hf_config(model: Model) -> dict:
@@ -35,7 +36,7 @@ def hf_tensors(model: Model, dtype=np.float32) -> dict[str, np.ndarray]:
     out = {"model.embed_tokens.weight": f(p["embed"]), "model.norm.weight": f(p["norm"])}
     if "lm_head" in p:
         out["lm_head.weight"] = f(np.asarray(p["lm_head"]).T)
-    lay = {k: np.asarray(v, np.float32) for k, v in p["layers"].items()}
+    lay = {k: np.asarray(v, np.float32) for k, v in stack_layers(p["layers"]).items()}
     for i in range(c.num_layers):
         pre = f"model.layers.{i}."
         out.update({

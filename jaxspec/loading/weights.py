@@ -29,12 +29,12 @@ def _check(t: np.ndarray, shape: tuple, what: str) -> np.ndarray:
 
 
 def assemble_params(cfg: ModelConfig, read: Reader, dtype=jnp.float32) -> dict:
-    """Stack per-layer tensors into [L, ...] arrays in the einsum layouts of models/llama.py."""
+    """Per-layer tensors in the einsum layouts of models/llama.py; layers as a tuple of L dicts."""
     E, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
     H, G, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def per_layer(name, shape, convert):
-        return np.stack([convert(_check(_need(read, name, i), shape, f"{name}[{i}]")) for i in range(L)])
+        return [convert(_check(_need(read, name, i), shape, f"{name}[{i}]")) for i in range(L)]
 
     layers = {
         "attn_norm": per_layer("attn_norm", (E,), lambda t: t),
@@ -54,7 +54,7 @@ def assemble_params(cfg: ModelConfig, read: Reader, dtype=jnp.float32) -> dict:
     params = {
         "embed": _check(_need(read, "embed"), (V, E), "embed"),
         "norm": _check(_need(read, "norm"), (E,), "norm"),
-        "layers": layers,
+        "layers": tuple({k: v[i] for k, v in layers.items()} for i in range(L)),
     }
     if not cfg.tie_word_embeddings:
         params["lm_head"] = _check(_need(read, "lm_head"), (V, E), "lm_head").T
@@ -64,4 +64,6 @@ def assemble_params(cfg: ModelConfig, read: Reader, dtype=jnp.float32) -> dict:
 def _to_device(tree, dtype):
     if isinstance(tree, dict):
         return {k: _to_device(v, dtype) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_to_device(v, dtype) for v in tree)
     return jnp.asarray(tree, dtype)
