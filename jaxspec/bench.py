@@ -1,9 +1,13 @@
 """Benchmark harness: speeds measured as ratios within one process and run.
 
-Batch 1, greedy: plain decoding and speculative decoding with the chosen drafters on the same
-prompts, interleaved prompt by prompt; a split of one speculative step into draft / verify /
-the rest; optionally Hugging Face transformers (torch, same weights); and the memory-bandwidth
-bound (one decode step reads every weight once: bound = read bandwidth / weight bytes).
+For each batch size and sampling setting: plain decoding and speculative decoding with the chosen
+drafters (each fixed K, and adaptive K) on the same prompts, interleaved batch by batch so machine
+noise hits all alike. For each speculative decoder the speedup the Leviathan et al. (2023) model
+predicts from the measured acceptance and measured step costs: tokens per step / cost of a step
+(K draft steps + verifying K+1 tokens, timed alone, in units of one plain step). Optionally Hugging
+Face transformers (torch, same weights): plain greedy and prompt-lookup decoding, batch 1. And the
+memory-bandwidth bound (one decode step reads every weight once: bound = read bandwidth / weight
+bytes). Writes bench.json, bench.md and PNG plots.
 """
 from __future__ import annotations
 
@@ -101,86 +105,82 @@ def shipped_head(model, kind: str) -> str:
 
 
 def _aggregate(runs: list) -> dict:
-    """Sum token counts and times over prompts; acceptance statistics weighted by steps."""
+    """Sum token counts and times over batches; acceptance statistics weighted by steps."""
     tokens = sum(st.new_tokens for st in runs)
     seconds = sum(st.wall_seconds for st in runs)
     steps = sum(st.target_steps for st in runs)
-    agg = {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
-           "target_steps": steps, "compile_seconds": sum(st.compile_seconds for st in runs)}
+    agg = {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds, "target_steps": steps}
     if runs and runs[0].acceptance_rate is not None:
         w = np.array([st.target_steps for st in runs], float)
         agg["mean_accepted_length"] = float(np.dot(w, [st.mean_accepted_length for st in runs]) / w.sum())
         agg["acceptance_rate"] = float(np.dot(w, [st.acceptance_rate for st in runs]) / w.sum())
         agg["per_position_acceptance"] = (w @ np.array([st.per_position_acceptance for st in runs])
                                           / w.sum()).tolist()
+    if runs and runs[0].steps_per_k:
+        agg["steps_per_k"] = {str(k): sum(st.steps_per_k.get(k, 0) for st in runs) for k in runs[0].steps_per_k}
     return agg
 
 
-def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks) -> dict:
-    """Plain and speculative decoding, batch 1, greedy, each prompt run by every decoder in turn
-    (interleaved, so machine noise hits all alike). Compile runs first and is reported apart."""
-    from .generate import generate
+def batches(prompts_ids: list, batch: int) -> list:
+    """Consecutive groups of `batch` prompts; prompts repeat (cycled) to fill the last or only group."""
+    n = max(1, -(-len(prompts_ids) // batch))
+    return [[prompts_ids[(g * batch + i) % len(prompts_ids)] for i in range(batch)] for g in range(n)]
 
-    configs = [("plain", None, 0)] + [(f"{name} K={k}", d, k) for name, d in drafters.items() for k in ks]
-    compile_s = {}
-    for label, d, k in configs:       # warm-up: compile every program on the first prompt
-        compile_s[label] = generate(model, prompts_ids[:1], max_new_tokens=max_new_tokens, drafter=d,
-                                    num_draft_tokens=max(k, 1)).stats.compile_seconds
-    runs = {label: [] for label, _, _ in configs}
-    for ids in prompts_ids:
-        for label, d, k in configs:
-            runs[label].append(generate(model, [ids], max_new_tokens=max_new_tokens, drafter=d,
-                                        num_draft_tokens=max(k, 1)).stats)
+
+def step_cost(model, drafter, K: int, group: list, max_new_tokens: int, sampling) -> float:
+    """Cost of one step with K drafts (drafting + verifying K+1 tokens), in plain decode steps, timed
+    alone on the shapes generate() uses for this batch (jaxspec.policy.measure_costs)."""
+    from .cache import init_cache
+    from .generate import _step_costs, bucket
+    from .sampling import row_params
+
+    T, N = bucket(max(len(r) for r in group)), bucket(max_new_tokens)
+    tokens = np.zeros((len(group), T), np.int32)
+    for i, r in enumerate(group):
+        tokens[i, :len(r)] = r
+    cache = init_cache(model.config, len(group), T + N + K + 1, model.params["embed"].dtype)
+    measured = _step_costs(model, drafter, (K,), tokens, jnp.asarray([len(r) for r in group], jnp.int32),
+                           cache, row_params(sampling, len(group)))
+    return float(measured["costs"][0])
+
+
+def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, batch: int = 1,
+                   sampling=None, adaptive: bool = True, seed: int = 0) -> dict:
+    """Plain decoding, each drafter at each fixed K and (adaptive=True) with adaptive K up to max(ks),
+    on groups of `batch` prompts, each group run by every decoder in turn. Compiling (and measuring
+    the adaptive policy's costs) runs first on the first group and is reported apart."""
+    from .generate import generate
+    from .sampling import Sampling
+
+    sampling = sampling or Sampling()
+    configs = [("plain", None, 0, False)] + [(f"{name} K={k}", d, k, False) for name, d in drafters.items()
+                                             for k in ks]
+    if adaptive:
+        configs += [(f"{name} adaptive K<={max(ks)}", d, max(ks), True) for name, d in drafters.items()]
+    groups = batches(prompts_ids, batch)
+    run = lambda group, d, k, ad: generate(model, group, max_new_tokens=max_new_tokens, sampling=sampling,
+                                           drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed)
+    compile_s = {label: run(groups[0], d, k, ad).stats.compile_seconds for label, d, k, ad in configs}
+    runs = {label: [] for label, *_ in configs}
+    for group in groups:
+        for label, d, k, ad in configs:
+            runs[label].append(run(group, d, k, ad).stats)
+    plain = _aggregate(runs["plain"])
     result = {}
-    for label, _, k in configs:
-        result[label] = {**_aggregate(runs[label]), "compile_seconds": compile_s[label], "K": k}
-        result[label]["speedup"] = result[label]["tokens_per_second"] / _aggregate(runs["plain"])["tokens_per_second"]
+    for label, d, k, ad in configs:
+        r = {**_aggregate(runs[label]), "compile_seconds": compile_s[label], "K": k, "adaptive": ad}
+        r["speedup"] = r["tokens_per_second"] / plain["tokens_per_second"]
+        if d is not None and not ad:          # Leviathan: tokens per step / cost of a step (plain steps)
+            r["step_cost"] = step_cost(model, d, k, groups[0], max_new_tokens, sampling)
+            r["predicted_speedup"] = r["mean_accepted_length"] / r["step_cost"]
+            r["measured_over_predicted"] = r["speedup"] / r["predicted_speedup"]
+        result[label] = r
     return result
 
 
-def _timed(fn, *args, repeats: int = 10) -> float:
-    jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    for _ in range(repeats):
-        jax.block_until_ready(fn(*args))
-    return (time.perf_counter() - start) / repeats
-
-
-def step_profile(model, drafter, K: int, prompt_ids, decoded: dict) -> dict:
-    """Split one speculative step into drafting, verifying (target pass over K+1 tokens) and the
-    rest (rejection, cache rollback, appends, loop control): each part timed alone, compiled."""
-    from .cache import init_cache, rollback
-    from .drafters.base import Context
-    from .models import forward, forward_hidden
-    from .sampling import Sampling, row_params
-
-    cfg, params = model.config, model.params
-    T = len(prompt_ids)
-    S = T + 256
-    ids = jnp.asarray([prompt_ids], jnp.int32)
-    cache = init_cache(cfg, 1, S, params["embed"].dtype)
-    prefill = jax.jit(lambda p, t, c: forward_hidden(p, t, c, cfg)[0])
-    t_prefill = _timed(prefill, params, ids, cache, repeats=3)
-    cache = rollback(forward(params, ids, cache, cfg)[2], jnp.asarray([T], jnp.int32))
-    verify = jax.jit(lambda p, t, c: forward(p, t, c, cfg)[0])
-    t_verify = _timed(verify, params, jnp.zeros((1, K + 1), jnp.int32), cache)
-    history = jnp.zeros((1, S), jnp.int32).at[0, :T].set(ids[0])
-    ctx = Context(ids[:, -1], history, jnp.asarray([T], jnp.int32), row_params(Sampling(), 1),
-                  jnp.zeros((len(drafter.hidden_layers), 1, K + 1, cfg.hidden_size)))
-    dparams = drafter.params_for(model)
-    features = forward(params, ids, init_cache(cfg, 1, S, params["embed"].dtype), cfg, drafter.hidden_layers)[1]
-    dstate = drafter.init(dparams, ids, jnp.asarray([T], jnp.int32), S, features)
-    propose = jax.jit(lambda p, s, c, k: drafter.propose(p, s, c, k, K)[0])
-    t_draft = _timed(propose, dparams, dstate, ctx, jax.random.PRNGKey(0))
-    t_step = max(decoded["seconds"] - t_prefill * decoded["prompts"], 0.0) / decoded["target_steps"]
-    other = max(t_step - t_draft - t_verify, 0.0)
-    return {"step_seconds": t_step, "draft_seconds": t_draft, "verify_seconds": t_verify,
-            "other_seconds": other, "prefill_seconds": t_prefill,
-            "fractions": {"draft": t_draft / t_step, "verify": t_verify / t_step, "other": other / t_step}}
-
-
-def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_ids) -> dict:
-    """Hugging Face transformers greedy generate (torch fp32, same GGUF weights), batch 1."""
+def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_ids, lookup_k: int = 0) -> dict:
+    """Hugging Face transformers greedy generate (torch fp32, same GGUF weights), batch 1: plain, and
+    prompt-lookup decoding with `lookup_k` draft tokens when lookup_k > 0."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -190,80 +190,114 @@ def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_i
                                               **kwargs).eval()
     gen = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=list(eos_ids),
                pad_token_id=eos_ids[0])
+    result = {"torch_threads": torch.get_num_threads()}
+    modes = [("plain", {})] + ([("prompt_lookup", {"prompt_lookup_num_tokens": lookup_k})] if lookup_k else [])
     with torch.no_grad():
-        hf.generate(torch.tensor([prompts_ids[0]]), **{**gen, "max_new_tokens": 4})  # warm-up
-        tokens, start = 0, time.perf_counter()
-        for ids in prompts_ids:
-            out = hf.generate(torch.tensor([ids]), **gen)
-            tokens += out.shape[1] - len(ids)
-    seconds = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
-            "torch_threads": torch.get_num_threads()}
+        for mode, extra in modes:
+            hf.generate(torch.tensor([prompts_ids[0]]), **{**gen, **extra, "max_new_tokens": 4})  # warm-up
+            tokens, outputs, start = 0, [], time.perf_counter()
+            for ids in prompts_ids:
+                out = hf.generate(torch.tensor([ids]), **gen, **extra)
+                tokens += out.shape[1] - len(ids)
+                outputs.append(out[0, len(ids):].tolist())
+            seconds = time.perf_counter() - start
+            result[mode] = {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
+                            "outputs": outputs}
+    return result
 
 
-def run(model_name: str, prompt_file: str | None, num_prompts: int, max_new_tokens: int,
-        peer: str | None, out_dir: str | None, drafters=("ngram",), ks=(5,)) -> dict:
+def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: int,
+        peer: str | None, out_dir: str | None, drafters=("ngram",), ks=(5,), batch_sizes=(1,),
+        temperatures=(0.0,), adaptive: bool = True) -> dict:
     from .loading import load
     from .loading.registry import NAMED_MODELS, resolve_named
+    from .sampling import Sampling
 
-    model = load(model_name)
+    model = load(model_name) if isinstance(model_name, str) else model_name     # a name, path or Model
+    model_name = model_name if isinstance(model_name, str) else model.source
     texts = read_prompts(prompt_file, num_prompts)
     ids = [model.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
            for t in texts]
     made = {spec: make_drafter(spec, model) for spec in drafters}
-    decoders = bench_decoders(model, ids, max_new_tokens, made, ks)
     result = {"model": model_name, "backend": jax.default_backend(), "prompts": len(ids),
               "prompt_file": prompt_file or DEFAULT_PROMPTS, "max_new_tokens": max_new_tokens,
-              "batch": 1, "sampling": "greedy", "decoders": decoders}
+              "ks": list(ks), "adaptive": adaptive, "runs": []}
+    for temperature in temperatures:
+        for batch in batch_sizes:
+            decoders = bench_decoders(model, ids, max_new_tokens, made, ks, batch, Sampling(temperature=temperature),
+                                      adaptive)
+            result["runs"].append({"batch": batch, "temperature": temperature, "decoders": decoders})
+            print(f"batch {batch}, temperature {temperature}: " + ", ".join(
+                f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)
     result["memory"] = {spec: drafter_memory(model, d, max(ks), len(ids[0]), max_new_tokens)
                         for spec, d in made.items()}
     result["target_parameters"] = int(sum(x.size for x in jax.tree_util.tree_leaves(model.params)))
-    result["profiles"] = {}
-    for spec, drafter in made.items():
-        for k in ks:
-            label = f"{spec} K={k}"
-            result["profiles"][label] = step_profile(model, drafter, k, ids[0],
-                                                     {**decoders[label], "prompts": len(ids)})
     bw = read_bandwidth()
     wb = weight_bytes(model.params)
-    plain = decoders["plain"]["tokens_per_second"]
+    first = result["runs"][0]["decoders"]
+    plain = first["plain"]["tokens_per_second"] if result["runs"][0]["batch"] == 1 else None
     result["bandwidth"] = {"read_bytes_per_second": bw, "weight_bytes_per_token": wb,
-                           "bound_tokens_per_second": bw / wb, "fraction_of_bound": plain / (bw / wb)}
+                           "bound_tokens_per_second": bw / wb,
+                           "fraction_of_bound": plain / (bw / wb) if plain else None}
     if peer == "transformers":
         path = resolve_named(model_name) if model_name in NAMED_MODELS else model_name
-        result["transformers_plain"] = bench_transformers(path, ids, max_new_tokens,
-                                                          model.tokenizer.eos_token_ids)
-        result["jaxspec_over_transformers"] = plain / result["transformers_plain"]["tokens_per_second"]
+        hf = bench_transformers(path, ids, max_new_tokens, model.tokenizer.eos_token_ids, max(ks))
+        result["transformers"] = {mode: {k: v for k, v in d.items() if k != "outputs"} if isinstance(d, dict) else d
+                                  for mode, d in hf.items()}
+        ours = [generate_greedy(model, i, max_new_tokens) for i in ids]
+        result["transformers"]["same_tokens_as_jaxspec"] = hf["plain"]["outputs"] == ours
+        if plain:
+            best = max(d["tokens_per_second"] for d in first.values())
+            result["jaxspec_plain_over_transformers_plain"] = plain / hf["plain"]["tokens_per_second"]
+            result["jaxspec_best_over_transformers_lookup"] = best / hf["prompt_lookup"]["tokens_per_second"]
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "bench.json"), "w") as f:
             json.dump(result, f, indent=2)
         with open(os.path.join(out_dir, "bench.md"), "w") as f:
             f.write(markdown(result))
+        plot(result, out_dir)
     return result
 
 
+def generate_greedy(model, ids, max_new_tokens: int) -> list:
+    from .generate import generate
+    return generate(model, [ids], max_new_tokens=max_new_tokens).tokens[0]
+
+
+def _acc(d: dict) -> str:
+    if "acceptance_rate" not in d:
+        return "1.00 | - | -"
+    return (f"{d['mean_accepted_length']:.2f} | {d['acceptance_rate']:.2f} | "
+            + " ".join(f"{a:.2f}" for a in d["per_position_acceptance"]))
+
+
 def markdown(r: dict) -> str:
-    lines = [f"Model {r['model']} on {r['backend']}, batch 1, greedy, {r['prompts']} prompts, "
-             f"up to {r['max_new_tokens']} new tokens\n",
-             "| decoder | tokens | seconds | tokens/s | speedup | mean accepted length | acceptance rate | per-position acceptance |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for name, d in r["decoders"].items():
-        acc = (f"{d['mean_accepted_length']:.2f} | {d['acceptance_rate']:.2f} | "
-               + " ".join(f"{a:.2f}" for a in d["per_position_acceptance"])) if "acceptance_rate" in d else "1.00 | - | -"
-        lines.append(f"| {name} | {d['tokens']} | {d['seconds']:.2f} | {d['tokens_per_second']:.2f} | "
-                     f"{d['speedup']:.2f}x | {acc} |")
-    if "transformers_plain" in r:
-        d = r["transformers_plain"]
-        lines.append(f"| transformers plain | {d['tokens']} | {d['seconds']:.2f} | {d['tokens_per_second']:.2f} | "
-                     f"{d['tokens_per_second'] / r['decoders']['plain']['tokens_per_second']:.2f}x | | | |")
-    if r.get("profiles"):
-        lines += ["\nTime per speculative step (parts timed alone):\n",
-                  "| decoder | step ms | draft | verify (K+1 tokens) | rejection + bookkeeping |", "|---|---:|---:|---:|---:|"]
-        for name, p in r["profiles"].items():
-            f = p["fractions"]
-            lines.append(f"| {name} | {1e3 * p['step_seconds']:.1f} | {100 * f['draft']:.0f}% | "
-                         f"{100 * f['verify']:.0f}% | {100 * f['other']:.0f}% |")
+    lines = [f"Model {r['model']} on {r['backend']}, {r['prompts']} prompts, up to {r['max_new_tokens']} new "
+             "tokens. Speedup: tokens/s over plain decoding at the same batch size and sampling, same run. "
+             "Predicted: Leviathan et al. from the measured mean accepted length and step cost (drafting K + "
+             "verifying K+1 tokens, timed alone, in plain steps).\n"]
+    for run in r["runs"]:
+        lines += [f"\nBatch {run['batch']}, temperature {run['temperature']}:\n",
+                  "| decoder | tokens/s | speedup | predicted | step cost | mean accepted length | acceptance rate "
+                  "| per-position acceptance | K used (steps) | compile s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]
+        for name, d in run["decoders"].items():
+            pred = (f"{d['predicted_speedup']:.2f}x | {d['step_cost']:.2f}" if "predicted_speedup" in d
+                    else "- | -")
+            used = " ".join(f"{k}:{n}" for k, n in d.get("steps_per_k", {}).items() if n) or "-"
+            lines.append(f"| {name} | {d['tokens_per_second']:.2f} | {d['speedup']:.2f}x | {pred} | {_acc(d)} | "
+                         f"{used} | {d['compile_seconds']:.1f} |")
+    if "transformers" in r:
+        t = r["transformers"]
+        lines += ["\nHugging Face transformers (torch, same weights), batch 1, greedy:\n",
+                  "| decoder | tokens/s |", "|---|---:|"]
+        lines += [f"| transformers {mode} | {t[mode]['tokens_per_second']:.2f} |" for mode in ("plain", "prompt_lookup")
+                  if mode in t]
+        if "jaxspec_plain_over_transformers_plain" in r:
+            lines.append(f"\njaxspec plain / transformers plain: {r['jaxspec_plain_over_transformers_plain']:.2f}x; "
+                         f"jaxspec best / transformers prompt lookup: {r['jaxspec_best_over_transformers_lookup']:.2f}x; "
+                         f"same greedy tokens as jaxspec: {t['same_tokens_as_jaxspec']}.")
     if r.get("memory"):
         lines += [f"\nWhat each drafter adds at run time (batch 1, float32; the target has "
                   f"{r['target_parameters'] / 1e6:.1f}M parameters):\n",
@@ -273,8 +307,48 @@ def markdown(r: dict) -> str:
             lines.append(f"| {name} | {m['parameters'] / 1e6:.2f}M | {m['weight_bytes'] / 1e6:.1f} | "
                          f"{m['state_bytes'] / 1e6:.2f} (S={m['capacity']}) |")
     b = r["bandwidth"]
+    reach = (f"; plain decoding at batch 1 reaches {100 * b['fraction_of_bound']:.0f}% of it"
+             if b.get("fraction_of_bound") else "")
     lines.append(f"\nBandwidth bound: {b['read_bytes_per_second'] / 1e9:.1f} GB/s read / "
                  f"{b['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token = "
-                 f"{b['bound_tokens_per_second']:.1f} tokens/s; plain decoding reaches "
-                 f"{100 * b['fraction_of_bound']:.0f}% of it.")
+                 f"{b['bound_tokens_per_second']:.1f} tokens/s{reach}.")
     return "\n".join(lines) + "\n"
+
+
+def plot(r: dict, out_dir: str) -> list:
+    """speedup.png: speedup over plain vs batch size per decoder (one panel per temperature);
+    acceptance.png: acceptance vs draft position per speculative decoder (batch 1 or the smallest)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = sorted({run["temperature"] for run in r["runs"]})
+    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+    for ax, temp in zip(axes[0], temps):
+        runs = sorted((run for run in r["runs"] if run["temperature"] == temp), key=lambda run: run["batch"])
+        for name in runs[0]["decoders"]:
+            if name != "plain":
+                ax.plot([run["batch"] for run in runs], [run["decoders"][name]["speedup"] for run in runs],
+                        marker="o", label=name)
+        ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="batch size", ylabel="speedup over plain decoding", title=f"temperature {temp}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths = [os.path.join(out_dir, "speedup.png")]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+    first = min(r["runs"], key=lambda run: (run["batch"], run["temperature"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, d in first["decoders"].items():
+        if d.get("per_position_acceptance") and not d.get("adaptive"):
+            acc = d["per_position_acceptance"]
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=name)
+    ax.set(xlabel="draft position", ylabel="fraction of steps whose draft was kept", ylim=(0, 1),
+           title=f"acceptance by position (batch {first['batch']}, temperature {first['temperature']})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "acceptance.png"))
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -64,13 +64,28 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _numbers(text: str, kind, flag: str) -> list:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{flag} is empty")
+    return values
+
+
 def cmd_bench(args) -> int:
     from . import bench
 
     drafters = [d for d in args.drafters.split(",") if d]
-    ks = [int(k) for k in args.k.split(",") if k]
+    ks = _numbers(args.k, int, "-k")
+    batch_sizes = _numbers(args.batch_sizes, int, "--batch-sizes")
+    temperatures = _numbers(args.temperatures, float, "--temperatures")
+    if min(ks) < 1 or min(batch_sizes) < 1 or min(temperatures) < 0:
+        raise ValueError("-k and --batch-sizes need values >= 1, --temperatures values >= 0")
     result = bench.run(args.model, args.prompts, args.num_prompts, args.max_new_tokens, args.peer, args.out,
-                       drafters=drafters, ks=ks)
+                       drafters=drafters, ks=ks, batch_sizes=batch_sizes, temperatures=temperatures,
+                       adaptive=not args.no_adaptive)
     print(bench.markdown(result))
     return 0
 
@@ -93,11 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-prompts", type=int, default=4)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--peer", choices=["transformers"], default=None)
-    b.add_argument("--out", default=None, help="folder for bench.json and bench.md")
+    b.add_argument("--out", default=None, help="folder for bench.json, bench.md, speedup.png, acceptance.png")
     b.add_argument("--drafters", default="ngram",
                    help="comma-separated: ngram, ngram:MAX:MIN, eagle, mtp, draft (shipped for the model), "
                         "eagle:PATH, mtp:PATH, draft:PATH, truncated:N ('' = plain only)")
-    b.add_argument("-k", "--k", default="5", help="comma-separated draft lengths K")
+    b.add_argument("-k", "--k", default="5", help="comma-separated fixed draft lengths K (adaptive: up to the largest)")
+    b.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,4,16,64")
+    b.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7 (0 = greedy)")
+    b.add_argument("--no-adaptive", action="store_true", help="fixed K only: leave out adaptive speculation")
     for plugin in entry_points(group="jaxspec.commands"):   # e.g. `train`, from the train package
         plugin.load()(sub)
     return parser

@@ -20,6 +20,7 @@ from .config import ModelConfig
 from .models import forward, forward_hidden, lm_head
 from .drafters.base import Context, Drafter
 from .rejection import rejection_sample
+from . import policy
 from .sampling import Sampling, SamplingArg, probs_from_logits, row_params, sample_tokens
 
 TRACES: collections.Counter = collections.Counter()  # program name -> times traced (compile guard)
@@ -35,7 +36,9 @@ class Stats:
     target_steps: int                      # target forward passes after prefill, summed over the loop
     mean_accepted_length: float = 1.0      # 1 + accepted / steps (counts the bonus token)
     acceptance_rate: Optional[float] = None
-    per_position_acceptance: list = dataclasses.field(default_factory=list)
+    per_position_acceptance: list = dataclasses.field(default_factory=list)  # kept / drafted, per position
+    steps_per_k: dict = dataclasses.field(default_factory=dict)  # adaptive: loop steps that used each K
+    step_costs: dict = dataclasses.field(default_factory=dict)   # adaptive: K -> measured cost, plain steps
 
 
 @dataclasses.dataclass
@@ -123,59 +126,110 @@ def _emit(buf, start, tokens, count):
     return buf.at[jnp.arange(B)[:, None], slots].set(tokens, mode="drop")
 
 
-def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, *,
-                 cfg, drafter, num_draft, capacity_out):
+def _greedy_verify(draft, logits):
+    """Greedy rows: keep the drafts that equal the target's argmax, then the argmax itself. Same result
+    as rejection_sample with one-hot target distributions, without building them ([B, K+1, V])."""
+    K = draft.shape[1]
+    target = jnp.argmax(logits, axis=-1).astype(jnp.int32)                   # [B, K+1]
+    n = jnp.cumprod(draft == target[:, :K], axis=1).sum(1).astype(jnp.int32)
+    idx = jnp.arange(K + 1)[None]
+    drafts = jnp.concatenate([draft, jnp.zeros_like(draft[:, :1])], axis=1)
+    return n, jnp.where(idx < n[:, None], drafts, jnp.where(idx == n[:, None], target, -1))
+
+
+def _verify(draft, draft_probs, logits, sampling, key):
+    """-> (num_accepted int32[B], emitted int32[B, K+1]) by rejection sampling (greedy fast path)."""
+    def sampled():
+        return rejection_sample(draft, draft_probs, probs_from_logits(logits, sampling), key)
+    return jax.lax.cond(jnp.all(sampling["temperature"] == 0), lambda: _greedy_verify(draft, logits), sampled)
+
+
+def _spec_step(params, dparams, cache, dstate, ctx: Context, key, *, cfg, drafter, num_draft, width):
+    """One step with K = num_draft drafts, or K = 0: a plain target step while the drafter syncs.
+
+    -> (num_accepted int32[B], emitted int32[B, width] (-1 past the step's K+1), target cache with
+    length += K+1, drafter state, hidden [N, B, width, E] of the pass, zero-padded)."""
+    K = num_draft
+    k_draft, k_accept = jax.random.split(key)
+    if K == 0:
+        dstate = drafter.sync(dparams, dstate, ctx)
+        logits, hidden, cache = forward(params, ctx.last[:, None], cache, cfg, drafter.hidden_layers)
+        n, emitted = jnp.zeros_like(ctx.last), sample_tokens(k_accept, logits, ctx.sampling)
+    else:
+        draft, draft_probs, dstate = drafter.propose(dparams, dstate, ctx, k_draft, K)
+        verify = jnp.concatenate([ctx.last[:, None], draft], axis=1)              # [B, K+1]
+        logits, hidden, cache = forward(params, verify, cache, cfg, drafter.hidden_layers)
+        n, emitted = _verify(draft, draft_probs, logits, ctx.sampling, k_accept)
+    pad = width - (K + 1)
+    emitted = jnp.pad(emitted, ((0, 0), (0, pad)), constant_values=-1)
+    hidden = jnp.pad(hidden, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    return n, emitted, cache, dstate, hidden
+
+
+def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, costs, *,
+                 cfg, drafter, ks, capacity_out):
     """Prefill, then lax.while_loop: propose K -> one target pass over K+1 -> rejection -> rollback.
 
+    ks: the K values of this loop (static). One value: fixed K. Several (adaptive): each step
+    policy.choose picks one from the acceptance estimate and costs float32[len(ks)] (plain steps).
     -> (out int32[B, N+K+1], count int32[B], steps, accept stats, cache). The loop keeps one token
     buffer, `history` (prompt + output per row); the output is cut from it at the end."""
     TRACES["speculative"] += 1
     B, T = tokens.shape
-    K = num_draft
-    width = capacity_out + K + 1
+    K = max(ks)
+    P = K + 1                          # width of a step's emitted tokens and features
+    width = capacity_out + P
     key, sub = jax.random.split(key)
     first, cache, prompt_features = _prefill(params, cfg, tokens, lengths, cache, sampling, sub,
                                              drafter.hidden_layers)
-    history = jnp.zeros((B, cache.capacity + K + 1), jnp.int32).at[:, :T].set(tokens)
+    history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :T].set(tokens)
     history = history.at[jnp.arange(B), lengths].set(first)
     count = jnp.ones((B,), jnp.int32)
     done = jnp.isin(first, eos_ids) | (count >= limits)
     dstate = drafter.init(dparams, tokens, lengths, cache.capacity, prompt_features)
     zero = jnp.zeros((), jnp.int32)
-    acc = {"steps": zero, "accepted": zero, "per_position": jnp.zeros((K,), jnp.int32)}
+    acc = {"steps": zero, "accepted": zero, "drafted": zero, "per_position": jnp.zeros((K,), jnp.int32),
+           "drafted_per_position": jnp.zeros((K,), jnp.int32), "k_steps": jnp.zeros((len(ks),), jnp.int32)}
+    steps_by_k = [functools.partial(_spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P) for k in ks]
+    k_values = jnp.asarray(ks, jnp.int32)
 
     def body(state):
-        cache, dstate, last, history, count, done, key, steps, acc, features = state
-        key, k_draft, k_accept = jax.random.split(key, 3)
+        cache, dstate, last, history, count, done, key, steps, acc, features, est = state
+        key, k_step = jax.random.split(key)
         ctx = Context(last, history, cache.length + 1, sampling, features)
-        draft, draft_probs, dstate = drafter.propose(dparams, dstate, ctx, k_draft, K)
-        verify = jnp.concatenate([last[:, None], draft], axis=1)            # [B, K+1]
-        logits, hidden, new_cache = forward(params, verify, cache, cfg, drafter.hidden_layers)
-        target_probs = probs_from_logits(logits, sampling)                   # [B, K+1, V]
-        n, emitted = rejection_sample(draft, draft_probs, target_probs, k_accept)
-        idx = jnp.arange(K + 1, dtype=jnp.int32)
+        choice = policy.choose(est, ks, costs) if len(ks) > 1 else zero
+        operands = (params, dparams, cache, dstate, ctx, k_step)
+        n, emitted, new_cache, dstate, hidden = (jax.lax.switch(choice, steps_by_k, *operands) if len(ks) > 1
+                                                 else steps_by_k[0](*operands))
+        k_now = k_values[choice]
+        idx = jnp.arange(P, dtype=jnp.int32)
         eos_at = jnp.isin(emitted, eos_ids) & (idx[None] <= n[:, None])
-        upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, K + 1)
+        upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, P)
         emit = jnp.minimum(jnp.minimum(n + 1, upto_eos), limits - count)
         emit = jnp.where(done, 0, emit)
         history = _emit(history, ctx.history_len, emitted, emit)
         active = ~done
+        est = policy.update(est, k_now, n, active)
+        drafted = active[:, None] & (idx[None, :K] < k_now)
         acc = {"steps": acc["steps"] + active.sum(),
                "accepted": acc["accepted"] + jnp.where(active, n, 0).sum(),
-               "per_position": acc["per_position"] + (active[:, None] & (idx[None, :K] < n[:, None])).sum(0)}
+               "drafted": acc["drafted"] + active.sum() * k_now,
+               "per_position": acc["per_position"] + (active[:, None] & (idx[None, :K] < n[:, None])).sum(0),
+               "drafted_per_position": acc["drafted_per_position"] + drafted.sum(0),
+               "k_steps": acc["k_steps"].at[choice].add(1)}
         cache = rollback(new_cache, jnp.where(done, cache.length, cache.length + n + 1))
         dstate = drafter.commit(dparams, dstate, ctx, jnp.where(done, 0, n))
         last = jnp.where(done, last, emitted[jnp.arange(B), n])
         count = count + emit
         done = done | (eos_at.any(1) & (upto_eos <= emit)) | (count >= limits)
-        return cache, dstate, last, history, count, done, key, steps + 1, acc, hidden
+        return cache, dstate, last, history, count, done, key, steps + 1, acc, hidden, est
 
     # the features of the pass that made `first` (the prompt's last position) wait at index 0
-    features = jnp.zeros((len(drafter.hidden_layers), B, K + 1, cfg.hidden_size), params["embed"].dtype)
+    features = jnp.zeros((len(drafter.hidden_layers), B, P, cfg.hidden_size), params["embed"].dtype)
     last_pos = jnp.take_along_axis(prompt_features, (lengths - 1)[None, :, None, None], axis=2)
     features = features.at[:, :, :1].set(last_pos.astype(features.dtype))
-    state = (cache, dstate, first, history, count, done, key, zero, acc, features)
-    cache, _, _, history, count, _, _, steps, acc, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[5]), body, state)
+    state = (cache, dstate, first, history, count, done, key, zero, acc, features, policy.init_estimate())
+    cache, _, _, history, count, _, _, steps, acc, _, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[5]), body, state)
     cols = lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
     out = jnp.take_along_axis(history, jnp.minimum(cols, history.shape[1] - 1), axis=1)
     out = jnp.where(jnp.arange(width)[None] < count[:, None], out, -1)
@@ -206,13 +260,41 @@ def _check_drafter(drafter, num_draft_tokens, model) -> int:
     return int(num_draft_tokens)
 
 
+def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling) -> dict:
+    """policy.measure_costs for this model, drafter, batch and cache size: one step with each K in ks
+    against a plain target step, on a cache filled to the prompt lengths."""
+    cfg, params, dparams = model.config, model.params, drafter.params_for(model)
+    B, P = tokens.shape[0], max(ks) + 1
+    features = jnp.zeros((len(drafter.hidden_layers), B, tokens.shape[1], cfg.hidden_size), params["embed"].dtype)
+    dstate = drafter.init(dparams, jnp.asarray(tokens), lengths, cache.capacity, features)
+    history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
+    ctx = Context(history[jnp.arange(B), lengths - 1], history, lengths + 1, sampling,
+                  jnp.zeros(features.shape[:2] + (P, cfg.hidden_size), features.dtype))
+    cache = rollback(cache, lengths)
+    args = (params, dparams, cache, dstate, ctx, jax.random.PRNGKey(0))
+
+    def plain(params, dparams, cache, dstate, ctx, key):
+        return sample_tokens(key, forward(params, ctx.last[:, None], cache, cfg)[0], ctx.sampling)
+
+    def spec(k):
+        step = functools.partial(_spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
+        return lambda *a: step(*a)[:2]
+
+    greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
+    key = (cfg, drafter.static_key(), ks, B, cache.capacity, greedy)
+    return policy.measure_costs(key, plain, spec, args, ks)
+
+
 def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
              sampling: SamplingArg = Sampling(), drafter: Optional[Drafter] = None, num_draft_tokens: int = 5,
-             seed: int = 0, max_cache_len: Optional[int] = None) -> GenerateOutput:
+             seed: int = 0, max_cache_len: Optional[int] = None, adaptive: bool = True) -> GenerateOutput:
     """Generate up to max_new_tokens per prompt (token-id lists) with the target `model`.
 
-    drafter=None is plain autoregressive decoding; with a drafter every step proposes
+    drafter=None is plain autoregressive decoding; with a drafter every step proposes up to
     num_draft_tokens (K) tokens that one target pass verifies (lossless rejection sampling).
+    adaptive=True (jaxspec/policy.py) picks each step's K in policy.candidates(K), 0 (a plain step)
+    included, from the running acceptance and step costs measured on first use for this batch and
+    cache size; when even full acceptance could not pay, it decodes plainly. adaptive=False: K fixed.
     Returns tokens, texts and stats.
     """
     cfg: ModelConfig = model.config
@@ -240,14 +322,21 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     cache = init_cache(cfg, B, T + N + extra, model.params["embed"].dtype)
     key = jax.random.PRNGKey(seed)
     common = (jnp.asarray(tokens), lengths, jnp.asarray(limits), cache, params_s, eos_ids, key)
+    ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
+    costs, cost_s = np.ones((len(ks),), np.float32), 0.0
+    if drafter is not None and adaptive:
+        measured = _step_costs(model, drafter, ks, tokens, lengths, cache, params_s)
+        costs, cost_s = measured["costs"], measured["seconds"]
+        if not policy.speculation_can_pay(ks, costs):
+            drafter = None                                      # plain decoding: speculation cannot win here
     if drafter is None:
         args = (model.params,) + common
         exe, compile_s = _compiled(("autoregressive", cfg, N), _autoregressive,
                                    {"cfg": cfg, "capacity_out": N}, args, donate=(4,))
     else:
-        args = (model.params, drafter.params_for(model)) + common
-        exe, compile_s = _compiled(("speculative", cfg, drafter.static_key(), K, N), _speculative,
-                                   {"cfg": cfg, "drafter": drafter, "num_draft": K, "capacity_out": N},
+        args = (model.params, drafter.params_for(model)) + common + (jnp.asarray(costs),)
+        exe, compile_s = _compiled(("speculative", cfg, drafter.static_key(), ks, N), _speculative,
+                                   {"cfg": cfg, "drafter": drafter, "ks": ks, "capacity_out": N},
                                    args, donate=(5,))
     start = time.perf_counter()
     result = exe(*args)
@@ -257,12 +346,17 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     new = [out[i, :count[i]].tolist() for i in range(B)]
     total = int(count.sum())
     stats = Stats(wall_seconds=wall, tokens_per_second=total / wall if wall > 0 else float("nan"),
-                  compile_seconds=compile_s, new_tokens=total, target_steps=int(result[2]))
+                  compile_seconds=compile_s + cost_s, new_tokens=total, target_steps=int(result[2]))
+    if adaptive and ks:
+        stats.step_costs = {k: float(c) for k, c in zip(ks, costs)}
+        stats.steps_per_k = {0: int(result[2])}
     if drafter is not None:
         acc = jax.tree_util.tree_map(np.asarray, result[3])
         row_steps = max(int(acc["steps"]), 1)
         stats.mean_accepted_length = 1.0 + int(acc["accepted"]) / row_steps
-        stats.acceptance_rate = int(acc["accepted"]) / (K * row_steps)
-        stats.per_position_acceptance = (acc["per_position"] / row_steps).tolist()
+        stats.acceptance_rate = int(acc["accepted"]) / max(int(acc["drafted"]), 1)
+        stats.per_position_acceptance = (acc["per_position"] / np.maximum(acc["drafted_per_position"], 1)).tolist()
+        if adaptive:
+            stats.steps_per_k = {k: int(c) for k, c in zip(ks, acc["k_steps"])}
     texts = [model.tokenizer.decode(t) for t in new] if model.tokenizer is not None else [""] * B
     return GenerateOutput(tokens=new, texts=texts, stats=stats)

@@ -9,22 +9,37 @@ from jaxspec.drafters import NGram
 from .conftest import tiny_model
 
 
-def test_bench_decoders_and_profile():
+def test_bench_decoders_fixed_and_adaptive():
     m = tiny_model()
-    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6, 7]]
-    result = bench.bench_decoders(m, prompts, 12, {"ngram": NGram()}, ks=(1, 3))
-    assert set(result) == {"plain", "ngram K=1", "ngram K=3"}
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    result = bench.bench_decoders(m, prompts, 12, {"ngram": NGram()}, ks=(1, 3), batch=2)
+    assert set(result) == {"plain", "ngram K=1", "ngram K=3", "ngram adaptive K<=3"}
     for label, d in result.items():
-        assert d["tokens"] == 24 and d["tokens_per_second"] > 0 and d["speedup"] > 0
+        assert d["tokens"] == 4 * 12 and d["tokens_per_second"] > 0 and d["speedup"] > 0   # 2 batches of 2
     assert len(result["ngram K=3"]["per_position_acceptance"]) == 3
     assert 1.0 <= result["ngram K=3"]["mean_accepted_length"] <= 4.0
-    prof = bench.step_profile(m, NGram(), 3, prompts[0], {**result["ngram K=3"], "prompts": 2})
-    assert prof["step_seconds"] > 0 and set(prof["fractions"]) == {"draft", "verify", "other"}
-    text = bench.markdown({"model": "tiny", "backend": "cpu", "prompts": 2, "max_new_tokens": 12,
-                           "decoders": result, "profiles": {"ngram K=3": prof},
-                           "bandwidth": {"read_bytes_per_second": 1e10, "weight_bytes_per_token": 1e6,
-                                         "bound_tokens_per_second": 1e4, "fraction_of_bound": 0.1}})
-    assert "| ngram K=3 |" in text and "Bandwidth bound" in text
+    fixed = result["ngram K=3"]
+    assert fixed["step_cost"] > 0 and fixed["predicted_speedup"] == fixed["mean_accepted_length"] / fixed["step_cost"]
+    assert sum(result["ngram adaptive K<=3"]["steps_per_k"].values()) == result["ngram adaptive K<=3"]["target_steps"]
+    assert bench.batches([[1], [2], [3]], 2) == [[[1], [2]], [[3], [1]]]      # cycled to fill the last batch
+    assert bench.batches([[1], [2]], 4) == [[[1], [2], [1], [2]]]
+
+
+def test_bench_run_writes_json_table_and_plots(tmp_path):
+    import json
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(f'{{"prompt": "question {i} {i} {i}"}}\n' for i in range(3)))
+    out = tmp_path / "out"
+    r = bench.run(tiny_model(), str(f), 3, 8, None, str(out), drafters=("ngram",), ks=(2,), batch_sizes=(1, 2),
+                  temperatures=(0.0, 0.7))
+    assert [(run["batch"], run["temperature"]) for run in r["runs"]] == [(1, 0.0), (2, 0.0), (1, 0.7), (2, 0.7)]
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["runs"][3]["decoders"]["ngram K=2"]["tokens"] == 4 * 8
+    table = (out / "bench.md").read_text()
+    assert "Batch 2, temperature 0.7" in table and "| ngram adaptive K<=2 |" in table and "Bandwidth bound" in table
+    for name in ("speedup.png", "acceptance.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_prompt_file_and_drafter_names(tmp_path):

@@ -30,7 +30,7 @@ def test_greedy_lossless_on_smollm2(smollm, plain_answers, kind, K):
     prompts, expected = plain_answers
     drafter = (DraftModel(truncated(smollm, 4)) if kind == "truncated"
                else make_drafter(kind, smollm))             # eagle, mtp, draft: shipped in checkpoints/
-    out = jaxspec.generate(smollm, prompts, max_new_tokens=64, drafter=drafter, num_draft_tokens=K)
+    out = jaxspec.generate(smollm, prompts, max_new_tokens=64, drafter=drafter, num_draft_tokens=K, adaptive=False)
     assert len({len(p) for p in prompts}) == 3
     for i in range(len(prompts)):
         assert out.tokens[i] == expected[i], f"row {i} differs from plain decoding"
@@ -46,7 +46,7 @@ def test_self_drafting_accepts_everything():
     m = tiny_model()
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9]]
     plain = jaxspec.generate(m, prompts, max_new_tokens=25).tokens
-    out = jaxspec.generate(m, prompts, max_new_tokens=25, drafter=DraftModel(m), num_draft_tokens=4)
+    out = jaxspec.generate(m, prompts, max_new_tokens=25, drafter=DraftModel(m), num_draft_tokens=4, adaptive=False)
     assert out.tokens == plain
     assert out.stats.acceptance_rate == 1.0 and out.stats.per_position_acceptance == [1.0] * 4
     assert out.stats.mean_accepted_length == 5.0
@@ -60,7 +60,7 @@ def test_eos_inside_an_accepted_block_ends_the_row():
     m.tokenizer.eos_token_ids = (eos,)
     try:
         out = jaxspec.generate(m, [[4, 5, 6], [1, 2]], max_new_tokens=30, drafter=DraftModel(m),
-                               num_draft_tokens=5)
+                               num_draft_tokens=5, adaptive=False)
         ref = jaxspec.generate(m, [[4, 5, 6], [1, 2]], max_new_tokens=30)
     finally:
         m.tokenizer.eos_token_ids = ()
@@ -71,7 +71,7 @@ def test_eos_inside_an_accepted_block_ends_the_row():
 def test_exact_max_new_tokens_per_row():
     m = tiny_model()
     out = jaxspec.generate(m, [[1, 2], [3, 4, 5]], max_new_tokens=[7, 13], drafter=DraftModel(m),
-                           num_draft_tokens=5)
+                           num_draft_tokens=5, adaptive=False)
     assert [len(t) for t in out.tokens] == [7, 13]
 
 
@@ -80,7 +80,7 @@ def test_seeds():
     d = DraftModel(tiny_model(seed=1))
     s = Sampling(temperature=1.0)
     run = lambda seed: jaxspec.generate(m, [[1, 2, 3]] * 3, max_new_tokens=12, sampling=s, drafter=d,
-                                        num_draft_tokens=3, seed=seed).tokens
+                                        num_draft_tokens=3, adaptive=False, seed=seed).tokens
     assert run(4) == run(4) and run(4) != run(5)
 
 
@@ -116,7 +116,7 @@ def test_sampled_speculative_matches_target_distribution(sampling):
     mtp = MTP(init_mtp_params(mtp_cfg, jax.random.PRNGKey(4), scale=0.5), mtp_cfg)
     for drafter in (NGram(), DraftModel(tiny_model(V8, seed=3, scale=0.8)), mtp):
         out = jaxspec.generate(target, [prompt] * ROWS, max_new_tokens=3, sampling=sampling,
-                               drafter=drafter, num_draft_tokens=2, seed=11)
+                               drafter=drafter, num_draft_tokens=2, adaptive=False, seed=11)
         codes = np.array([t[0] * 64 + t[1] * 8 + t[2] for t in out.tokens])
         counts = np.bincount(codes, minlength=512)
         assert counts[exact == 0].sum() == 0, f"{drafter}: sequences outside the allowed set"
@@ -137,7 +137,7 @@ def test_every_speculative_token_is_in_the_allowed_set(sampling):
     params = row_params(sampling, 1)
     for drafter in (NGram(), DraftModel(tiny_model(seed=1))):
         out = jaxspec.generate(m, [[1, 2, 3, 1, 2], [7, 8]], max_new_tokens=20, sampling=sampling,
-                               drafter=drafter, num_draft_tokens=3, seed=2)
+                               drafter=drafter, num_draft_tokens=3, adaptive=False, seed=2)
         for prompt, row in zip([[1, 2, 3, 1, 2], [7, 8]], out.tokens):
             logits = m.logits([prompt + row])[:, len(prompt) - 1:-1]       # causal: one pass per row
             allowed = np.asarray(probs_from_logits(logits, params))[0] > 0  # [len(row), V]
@@ -160,7 +160,7 @@ def test_ngram_proposes_the_continuation_of_the_latest_match():
 def test_bad_speculative_input():
     m = tiny_model()
     with pytest.raises(ValueError, match="num_draft_tokens"):
-        jaxspec.generate(m, [[1, 2]], max_new_tokens=4, drafter=NGram(), num_draft_tokens=0)
+        jaxspec.generate(m, [[1, 2]], max_new_tokens=4, drafter=NGram(), num_draft_tokens=0, adaptive=False)
     other_vocab = tiny_model(ModelConfig(**{**TINY.__dict__, "vocab_size": 100}))
     with pytest.raises(ValueError, match="vocabulary size 100"):
         jaxspec.generate(m, [[1, 2]], max_new_tokens=4, drafter=DraftModel(other_vocab))
@@ -169,7 +169,7 @@ def test_bad_speculative_input():
     with pytest.raises(ValueError, match="drafter"):
         jaxspec.generate(m, [[1, 2]], max_new_tokens=4, drafter="ngram")
     with pytest.raises(ValueError, match="K\\+1"):
-        jaxspec.generate(m, [[1] * 500], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5)
+        jaxspec.generate(m, [[1] * 500], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5, adaptive=False)
 
 
 def test_draft_model_for_another_tokenizer(smollm, tmp_path):

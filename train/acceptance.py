@@ -31,7 +31,7 @@ def acceptance(model, drafter, prompts: list[list[int]], max_new_tokens: int = 6
     steps, mal, per_pos = 0, 0.0, np.zeros(num_draft_tokens)
     for b in range(0, len(prompts), batch_size):
         s = generate(model, prompts[b:b + batch_size], max_new_tokens=max_new_tokens, drafter=drafter,
-                     num_draft_tokens=num_draft_tokens).stats
+                     num_draft_tokens=num_draft_tokens, adaptive=False).stats
         steps += s.target_steps
         mal += s.mean_accepted_length * s.target_steps
         per_pos += np.asarray(s.per_position_acceptance) * s.target_steps

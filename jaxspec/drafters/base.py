@@ -6,6 +6,7 @@ compiled programs can be reused. Inside the compiled loop:
   state = drafter.init(params, prompts[B, T], lengths[B], capacity, features[N, B, T, E])
   tokens[B, K], probs[B, K, V] | None, state = drafter.propose(params, state, ctx, key, K)
   state = drafter.commit(params, state, ctx, num_accepted[B])
+  state = drafter.sync(params, state, ctx)   # instead of propose in a step without drafts (K = 0)
 probs=None means the draft is deterministic (argmax or lookup): q is one-hot on the token.
 """
 from __future__ import annotations
@@ -25,8 +26,9 @@ class Context(NamedTuple):
     history: jax.Array       # int32[B, S]: prompt + emitted tokens (slots >= history_len are stale)
     history_len: jax.Array   # int32[B]: valid history, = target cache length + 1
     sampling: dict           # per-row sampling arrays [B] (see sampling.row_params)
-    features: jax.Array      # [N, B, K+1, E] target hidden states (drafter.hidden_layers) of the last
-                             # pass; before the first step index 0 holds the prompt's last position
+    features: jax.Array      # [N, B, P, E] target hidden states (drafter.hidden_layers) of the last
+                             # pass (P = the largest K + 1; entries past that pass's tokens are padding);
+                             # before the first step index 0 holds the prompt's last position
 
 
 class Drafter:
@@ -53,6 +55,12 @@ class Drafter:
         raise NotImplementedError
 
     def commit(self, params, state, ctx: Context, num_accepted):
+        return state
+
+    def sync(self, params, state, ctx: Context):
+        """A step verifies no drafts (adaptive K = 0, a plain target step): take in what propose
+        would have (the last pass's tokens and features) so later drafts see the full context.
+        The default keeps the state as it is (right for drafters that read only ctx.history)."""
         return state
 
 

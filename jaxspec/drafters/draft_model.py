@@ -98,12 +98,20 @@ class DraftModel(Drafter):
         cache = forward(params, prompts, cache, cfg)[2]
         return rollback(cache, lengths)
 
-    def propose(self, params, cache, ctx: Context, key, num_draft: int):
-        cfg = self.model.config
+    def _feed_last(self, params, cache, ctx: Context):
+        """Roll back to the target's length - 1 and run [previous token, last] -> (logits [B, 2, V], cache)."""
         start = ctx.history_len - 2                               # slot of the token before `last`
         prev = jnp.take_along_axis(ctx.history, start[:, None], axis=1)[:, 0]
-        cache = rollback(cache, start)
-        logits, _, cache = forward(params, jnp.stack([prev, ctx.last], axis=1), cache, cfg)
+        logits, _, cache = forward(params, jnp.stack([prev, ctx.last], axis=1), rollback(cache, start),
+                                   self.model.config)
+        return logits, cache
+
+    def sync(self, params, cache, ctx: Context):
+        return self._feed_last(params, cache, ctx)[1]
+
+    def propose(self, params, cache, ctx: Context, key, num_draft: int):
+        cfg = self.model.config
+        logits, cache = self._feed_last(params, cache, ctx)
 
         def step(cache, tok):
             logits, _, cache = forward(params, tok[:, None], cache, cfg)

@@ -54,19 +54,29 @@ class Eagle(Drafter):
         _, _, cache = eagle_step(params["head"], params["embed"], g, nxt, cache, self.cfg)
         return rollback(cache, lengths - 1), jnp.zeros((B,), jnp.int32)
 
+    def _write_pairs(self, params, state, ctx: Context):
+        """Write the n_prev + 1 pairs the last verify pass left (padded to P, the rest masked)
+        -> (head outputs h, draft logits [B, P, ...] at those pairs, cache rolled back to the target's)."""
+        cache, n_prev = state
+        target_len = ctx.history_len - 1
+        first_pos = target_len - n_prev - 1
+        P = ctx.features.shape[2]
+        tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(P), ctx.history.shape[1] - 1)
+        tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
+        head = params["head"]
+        h, logits, cache = eagle_step(head, params["embed"], fuse_features(head, ctx.features), tokens,
+                                      rollback(cache, first_pos), self.cfg)
+        return h, logits, rollback(cache, target_len)
+
+    def sync(self, params, state, ctx: Context):
+        return self._write_pairs(params, state, ctx)[2], state[1]
+
     def propose(self, params, state, ctx: Context, key, num_draft: int):
         head, embed, cfg = params["head"], params["embed"], self.cfg
-        cache, n_prev = state
+        n_prev = state[1]
         B, K = ctx.last.shape[0], num_draft
         rows = jnp.arange(B)
-        target_len = ctx.history_len - 1
-        # the n_prev + 1 pairs left by the last verify pass (padded to K + 1, the rest masked)
-        first_pos = target_len - n_prev - 1
-        tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(K + 1), ctx.history.shape[1] - 1)
-        tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
-        cache = rollback(cache, first_pos)
-        h, logits, cache = eagle_step(head, embed, fuse_features(head, ctx.features), tokens, cache, cfg)
-        cache = rollback(cache, target_len)
+        h, logits, cache = self._write_pairs(params, state, ctx)
         to_vocab = lambda draft_logits: to_target_logits(head, draft_logits, cfg.target_vocab_size)
 
         def step(carry, tok):

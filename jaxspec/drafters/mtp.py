@@ -5,8 +5,8 @@ With history length n (the newest token at position n - 1, not yet in the target
 at position n - 2 reads h^{j-1}_{n-2} and token_{n-2+j} and drafts token_{n-1+j}: module 1 the
 token after `last`, module j the j-th draft. For K > D the last module runs on along the positions,
 its own output standing in for h^{D-1}. Each step recomputes every module over the window of the
-last W = K + min(K, D) positions (inputs there may have been drafts that the target has since
-replaced); positions before the window are final in the modules' KV caches. h^0 of past positions is
+last W = max(K + min(K, D), D) positions (inputs there may have been drafts that the target has
+since replaced, or tokens a sync step did not know yet); positions before the window are final in the modules' KV caches. h^0 of past positions is
 kept in a static buffer [B, S, E]. Rollback is a length change, as for the target.
 """
 from __future__ import annotations
@@ -75,23 +75,44 @@ class MTP(Drafter):
         _, cache = mtp_window(params["head"], params["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
         return rollback(cache, lengths - 1), buf, jnp.zeros((B,), jnp.int32)
 
-    def propose(self, params, state, ctx: Context, key, num_draft: int):
-        head, embed, cfg = params["head"], params["embed"], self.cfg
+    def _window(self, params, state, ctx: Context, W: int):
+        """Store the last pass's h^0 in the buffer; -> (buffer, the window's first position start [B],
+        its positions [B, W] ending at n - 2, their h^0 [B, W, E])."""
         cache, buf, n_prev = state
-        K, D = num_draft, min(num_draft, cfg.num_modules)
         B, S = buf.shape[0], buf.shape[1]
         rows = jnp.arange(B)[:, None]
         n = ctx.history_len
         # h^0 from the last pass: positions n - 2 - n_prev .. (only those up to n - 2 are final)
-        buf = buf.at[rows, (n - 2 - n_prev)[:, None] + jnp.arange(K + 1)].set(
+        buf = buf.at[rows, (n - 2 - n_prev)[:, None] + jnp.arange(ctx.features.shape[2])].set(
             ctx.features[0].astype(buf.dtype), mode="drop")
-        W = K + D
         start = jnp.maximum(n - 1 - W, 0)
         window = start[:, None] + jnp.arange(W)                               # [B, W] positions
+        return buf, start, window, buf[rows, jnp.clip(window, 0, S - 1)]
+
+    def sync(self, params, state, ctx: Context):
+        """Run every module over a window as long as the largest K's (P - 1 = K_max), drafting nothing:
+        entries built from tokens not yet known are redone by a later window."""
+        cfg, K_max = self.cfg, ctx.features.shape[2] - 1
+        W = max(K_max + min(K_max, cfg.num_modules), cfg.num_modules)
+        buf, start, window, h = self._window(params, state, ctx, W)
+        cache, rows = state[0], jnp.arange(buf.shape[0])[:, None]
+        clip = lambda i: jnp.clip(i, 0, ctx.history.shape[1] - 1)
+        for j in range(cfg.num_modules):
+            h, cache = mtp_module(params["head"], j, params["embed"], h,
+                                  ctx.history[rows, clip(window + j + 1)], rollback(cache, start), cfg)
+        return rollback(cache, ctx.history_len - 1), buf, state[2]
+
+    def propose(self, params, state, ctx: Context, key, num_draft: int):
+        head, embed, cfg = params["head"], params["embed"], self.cfg
+        cache, n_prev = state[0], state[2]
+        K, D = num_draft, min(num_draft, cfg.num_modules)
+        W = max(K + D, cfg.num_modules)          # >= num_modules: a sync step may have left that many
+        buf, start, window, h = self._window(params, state, ctx, W)
+        rows = jnp.arange(buf.shape[0])[:, None]
+        n = ctx.history_len
         at = n - 2 - start                                                    # window index of n - 2
         seq = ctx.history                                                     # drafts go in at n, n + 1, ...
         clip = lambda i: jnp.clip(i, 0, seq.shape[1] - 1)
-        h = buf[rows, jnp.clip(window, 0, S - 1)]
         keys = jax.random.split(key, K)
         tokens, probs = [], []
         for j in range(D):                                                    # draft j + 1 from module j + 1
@@ -99,6 +120,10 @@ class MTP(Drafter):
             tok, q = draw_token(self._logits(params, h[rows[:, 0], at]), keys[j], ctx.sampling)
             seq = seq.at[rows[:, 0], n + j].set(tok, mode="drop")
             tokens.append(tok), probs.append(q)
+        h_rest = h
+        for j in range(D, cfg.num_modules):       # K < D: keep the caches of the modules not drafting current
+            h_rest, cache = mtp_module(head, j, embed, h_rest, seq[rows, clip(window + j + 1)],
+                                       rollback(cache, start), cfg)
         h = h[rows[:, 0], at][:, None]
         for j in range(D, K):                                                 # the last module runs on
             q_pos = n - 2 + (j - D + 1)

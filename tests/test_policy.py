@@ -1,0 +1,124 @@
+"""Adaptive speculation (jaxspec/policy.py): the choice rule, and that switching K between steps,
+K = 0 included, keeps generation lossless for every drafter (tiny random models)."""
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import jaxspec
+from jaxspec import policy
+from jaxspec.drafters import MTP, DraftModel, Eagle, NGram, truncated
+from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params
+from jaxspec.sampling import Sampling
+
+from .conftest import TINY, tiny_model
+from .test_speculative import V8, _exact_joint
+
+KS = (0, 1, 2, 5)
+GEN = importlib.import_module("jaxspec.generate")      # the module (jaxspec.generate is the function)
+
+
+def _after(steps, K, n):
+    est = policy.init_estimate()
+    for _ in range(steps):
+        est = policy.update(est, jnp.int32(K), jnp.asarray([n], jnp.int32), jnp.asarray([True]))
+    return est
+
+
+def test_choice_follows_acceptance_and_costs():
+    costs = jnp.asarray([1.0, 1.3, 1.6, 2.5])
+    assert policy.candidates(5) == KS and policy.candidates(1) == (0, 1) and policy.candidates(8) == (0, 1, 2, 4, 8)
+    high, low = _after(20, 5, 5), _after(20, 5, 0)        # every draft kept / none kept
+    assert float(high.accepted / high.trials) > 0.95 and float(low.accepted / low.trials) < 0.05
+    assert KS[int(policy.choose(high, KS, costs))] == 5
+    assert KS[int(policy.choose(low, KS, costs))] == 0
+    # nothing accepted: drafts that cost 3-10% of a step do not pay; at partial acceptance they do
+    assert KS[int(policy.choose(low, KS, jnp.asarray([1.0, 1.03, 1.05, 1.1])))] == 0
+    assert KS[int(policy.choose(_after(20, 5, 2), KS, jnp.asarray([1.0, 1.01, 1.02, 1.05])))] > 0
+    # partial acceptance: n accepted of K means n + 1 trials (the rejected one counts)
+    est = _after(1, 5, 2)
+    assert float(est.accepted) == pytest.approx(policy.DECAY * policy.PRIOR[0] + 2)
+    assert float(est.trials) == pytest.approx(policy.DECAY * policy.PRIOR[1] + 3)
+    assert policy.speculation_can_pay(KS, costs) and not policy.speculation_can_pay(KS, [1.0, 2.0, 3.1, 6.5])
+
+
+def test_probe_after_a_plain_run_and_backoff():
+    costs = jnp.asarray([1.0, 3.0, 4.0, 8.0])                # speculation never looks worth it
+    est, chosen = policy.init_estimate(), []
+    for _ in range(60):
+        i = policy.choose(est, KS, costs)
+        chosen.append(KS[int(i)])
+        est = policy.update(est, jnp.int32(KS[int(i)]), jnp.asarray([0], jnp.int32), jnp.asarray([True]))
+    probes = [i for i, k in enumerate(chosen) if k]
+    assert all(chosen[i] == 1 for i in probes)               # probes use the smallest K
+    assert np.diff(probes).tolist() == [policy.FIRST_WAIT * 2 + 1, policy.FIRST_WAIT * 4 + 1]  # failed: wait doubles
+    assert probes[0] == policy.FIRST_WAIT
+
+
+def _drafters():
+    ecfg = EagleConfig.for_target(TINY, draft_vocab_size=TINY.vocab_size)
+    mcfg = MTPConfig.for_target(TINY, num_modules=2, draft_vocab_size=TINY.vocab_size)
+    return {"ngram": NGram(), "draft": DraftModel(truncated(tiny_model(), 1)),
+            "eagle": Eagle(init_eagle_params(ecfg, jax.random.PRNGKey(1)), ecfg),
+            "mtp": MTP(init_mtp_params(mcfg, jax.random.PRNGKey(2), scale=0.5), mcfg)}
+
+
+@pytest.fixture
+def scrambled_k(monkeypatch):
+    """Every K of the loop in a scrambled order: the step's K is a hash of the policy state, and
+    fixed costs under which speculation can pay (no timing)."""
+    fake = {"costs": np.asarray([1.0, 1.25, 1.5, 2.2], np.float32), "seconds": 0.0}
+    monkeypatch.setattr(GEN, "_step_costs", lambda *a, **k: fake)
+    monkeypatch.setattr(GEN, "_COMPILED", {})                     # no program traced with the real choice
+    monkeypatch.setattr(policy, "choose", lambda est, ks, costs: (
+        jnp.floor(est.trials * 13.7) + 2 * est.plain_run).astype(jnp.int32) % len(ks))
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft", "eagle", "mtp"])
+def test_adaptive_greedy_is_lossless_while_k_switches(kind, scrambled_k):
+    m = tiny_model()
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7], [9] * 12, [3, 8]]
+    plain = jaxspec.generate(m, prompts, max_new_tokens=40).tokens
+    out = jaxspec.generate(m, prompts, max_new_tokens=40, drafter=_drafters()[kind], num_draft_tokens=5)
+    assert out.tokens == plain
+    used = {k for k, n in out.stats.steps_per_k.items() if n}
+    assert 0 in used and len(used) >= 3, out.stats.steps_per_k     # plain steps and speculative steps
+    assert sum(out.stats.steps_per_k.values()) == out.stats.target_steps
+
+
+def test_adaptive_sampling_keeps_the_target_distribution(scrambled_k):
+    """The joint law of the first three tokens (24,000 rows) while K switches between steps."""
+    target = tiny_model(V8, seed=2, scale=0.8)
+    prompt, rows, sampling = [1, 5, 2], 24_000, Sampling(temperature=1.0)
+    exact = _exact_joint(target, prompt, sampling)
+    out = jaxspec.generate(target, [prompt] * rows, max_new_tokens=3, sampling=sampling,
+                           drafter=DraftModel(tiny_model(V8, seed=3, scale=0.8)), num_draft_tokens=2, seed=5)
+    assert len({k for k, n in out.stats.steps_per_k.items() if n}) >= 2, out.stats.steps_per_k
+    counts = np.bincount([t[0] * 64 + t[1] * 8 + t[2] for t in out.tokens], minlength=512)
+    keep = exact * rows >= 5
+    expected, observed = exact[keep] * rows, counts[keep].astype(float)
+    pvalue = stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    tvd = 0.5 * np.abs(counts / rows - exact).sum()
+    assert counts[exact == 0].sum() == 0 and pvalue > 1e-3 and tvd < 0.05, (pvalue, tvd)
+
+
+def test_plain_decoding_when_speculation_cannot_pay(monkeypatch):
+    fake = {"costs": np.asarray([1.0, 2.5, 3.5, 7.0], np.float32), "seconds": 0.0}
+    monkeypatch.setattr(GEN, "_step_costs", lambda *a, **k: fake)
+    m = tiny_model()
+    out = jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5)
+    assert out.tokens == jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=10).tokens
+    assert out.stats.steps_per_k == {0: out.stats.target_steps} and out.stats.acceptance_rate is None
+
+
+def test_measured_costs_are_cached_and_positive():
+    m = tiny_model()
+    out = jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=6, drafter=NGram(), num_draft_tokens=3)
+    assert set(out.stats.step_costs) == {0, 1, 2, 3} and all(c > 0 for c in out.stats.step_costs.values())
+    again = jaxspec.generate(m, [[4, 5]], max_new_tokens=6, drafter=NGram(), num_draft_tokens=3)
+    assert again.stats.step_costs == out.stats.step_costs and again.stats.compile_seconds == 0.0
