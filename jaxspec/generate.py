@@ -261,8 +261,9 @@ def _check_drafter(drafter, num_draft_tokens, model) -> int:
 
 
 def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling) -> dict:
-    """policy.measure_costs for this model, drafter, batch and cache size: one step with each K in ks
-    against a plain target step, on a cache filled to the prompt lengths."""
+    """policy.measure_costs for this model, drafter and batch size: one step with each K in ks against
+    a plain target step, on a cache filled to the prompt lengths (measured at the first cache size
+    seen; the ratios move little with it)."""
     cfg, params, dparams = model.config, model.params, drafter.params_for(model)
     B, P = tokens.shape[0], max(ks) + 1
     features = jnp.zeros((len(drafter.hidden_layers), B, tokens.shape[1], cfg.hidden_size), params["embed"].dtype)
@@ -281,7 +282,7 @@ def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling) -> dict:
         return lambda *a: step(*a)[:2]
 
     greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
-    key = (cfg, drafter.static_key(), ks, B, cache.capacity, greedy)
+    key = (cfg, drafter.static_key(), ks, B, greedy)    # one measurement serves every cache size
     return policy.measure_costs(key, plain, spec, args, ks)
 
 
