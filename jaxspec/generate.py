@@ -24,7 +24,10 @@ from . import policy
 from .sampling import Sampling, SamplingArg, probs_from_logits, row_params, sample_tokens
 
 TRACES: collections.Counter = collections.Counter()  # program name -> times traced (compile guard)
-_COMPILED: dict = {}
+# Compiled loops, least recently used first. Bounded: XLA CPU maps ~1,500 memory regions per loop of a
+# 30-layer model (one per kernel of the unrolled layers) and a process may hold at most 65,530.
+_COMPILED: collections.OrderedDict = collections.OrderedDict()
+MAX_PROGRAMS = 16
 
 
 @dataclasses.dataclass
@@ -243,11 +246,14 @@ def _compiled(tag: tuple, fn, static: dict, args: tuple, donate: tuple):
     shapes = tuple((a.shape, a.dtype) for a in jax.tree_util.tree_leaves(args))
     key = (tag, shapes)
     if key in _COMPILED:
+        _COMPILED.move_to_end(key)
         return _COMPILED[key], 0.0
     start = time.perf_counter()
     jitted = jax.jit(functools.partial(fn, **static), donate_argnums=donate)
     exe = jitted.lower(*args).compile()
     _COMPILED[key] = exe
+    while len(_COMPILED) > MAX_PROGRAMS:
+        _COMPILED.popitem(last=False)
     return exe, time.perf_counter() - start
 
 

@@ -1,7 +1,9 @@
 """Shared fixtures: the real SmolLM2 (ours and transformers' on the same GGUF), tiny configs."""
 from __future__ import annotations
 
+import gc
 import os
+import sys
 
 import jax
 import pytest
@@ -14,6 +16,16 @@ from jaxspec.model import Model
 from jaxspec.models import init_params
 
 REAL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """Drop compiled programs after each test module: every SmolLM2 loop holds ~1,500 memory maps
+    (one per kernel of the unrolled layers) and the whole suite would pass the kernel's limit."""
+    yield
+    sys.modules["jaxspec.generate"]._COMPILED.clear()   # the module (jaxspec.generate is the function)
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

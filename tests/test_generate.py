@@ -121,3 +121,19 @@ def test_truncated_real_gguf(tmp_path):
     cut.write_bytes(data)
     with pytest.raises(ValueError, match="cut.gguf"):
         jaxspec.load(str(cut))
+
+
+def test_compiled_programs_are_bounded(tiny, monkeypatch):
+    """Least recently used loops are dropped past MAX_PROGRAMS (each holds many memory maps)."""
+    import sys
+    gen = sys.modules["jaxspec.generate"]
+    monkeypatch.setattr(gen, "MAX_PROGRAMS", 2)
+    monkeypatch.setattr(gen, "_COMPILED", gen._COMPILED.__class__())
+    for n in (3, 40, 100):                                   # three prompt buckets: three programs
+        jaxspec.generate(tiny, [[5] * n], max_new_tokens=4)
+    assert len(gen._COMPILED) == 2
+    before = TRACES["autoregressive"]
+    jaxspec.generate(tiny, [[1, 2, 3]], max_new_tokens=4)    # the first bucket was dropped: traced again
+    assert TRACES["autoregressive"] == before + 1
+    jaxspec.generate(tiny, [[7] * 100], max_new_tokens=4)   # still held
+    assert TRACES["autoregressive"] == before + 1
