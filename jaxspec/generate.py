@@ -169,12 +169,15 @@ def _spec_step(params, dparams, cache, dstate, ctx: Context, key, *, cfg, drafte
     return n, emitted, cache, dstate, hidden
 
 
-def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, costs, *,
+def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, costs, prior, *,
                  cfg, drafter, ks, capacity_out):
-    """Prefill, then lax.while_loop: propose K -> one target pass over K+1 -> rejection -> rollback.
+    """Prefill, then steps: propose K -> one target pass over K+1 -> rejection -> rollback.
 
-    ks: the K values of this loop (static). One value: fixed K. Several (adaptive): each step
-    policy.choose picks one from the acceptance estimate and costs float32[len(ks)] (plain steps).
+    ks: the K values of this loop (static). One value: fixed K, one lax.while_loop. Several
+    (adaptive): policy.choose picks each step's K from the acceptance estimates (starting at prior
+    float32[C], one per drafter context) and costs float32[len(ks)] (plain steps), at the end of
+    the step before. An outer loop switches to an inner while_loop per K, which runs steps while
+    the choice stays: a lax.switch around every step cost 4-7% of a plain step on XLA CPU.
     -> (out int32[B, N+K+1], count int32[B], steps, accept stats, cache). The loop keeps one token
     buffer, `history` (prompt + output per row); the output is cut from it at the end."""
     TRACES["speculative"] += 1
@@ -182,61 +185,83 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
     K = max(ks)
     P = K + 1                          # width of a step's emitted tokens and features
     width = capacity_out + P
+    adaptive = len(ks) > 1
     key, sub = jax.random.split(key)
     first, cache, prompt_features = _prefill(params, cfg, tokens, lengths, cache, sampling, sub,
                                              drafter.hidden_layers)
     history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :T].set(tokens)
     history = history.at[jnp.arange(B), lengths].set(first)
     count = jnp.ones((B,), jnp.int32)
-    done = jnp.isin(first, eos_ids) | (count >= limits)
-    dstate = drafter.init(dparams, tokens, lengths, cache.capacity, prompt_features)
     zero = jnp.zeros((), jnp.int32)
     acc = {"steps": zero, "accepted": zero, "drafted": zero, "per_position": jnp.zeros((K,), jnp.int32),
            "drafted_per_position": jnp.zeros((K,), jnp.int32), "k_steps": jnp.zeros((len(ks),), jnp.int32)}
-    steps_by_k = [functools.partial(_spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P) for k in ks]
-    k_values = jnp.asarray(ks, jnp.int32)
+    # the features of the pass that made `first` (the prompt's last position) wait at index 0
+    features = jnp.zeros((len(drafter.hidden_layers), B, P, cfg.hidden_size), params["embed"].dtype)
+    last_pos = jnp.take_along_axis(prompt_features, (lengths - 1)[None, :, None, None], axis=2)
+    features = features.at[:, :, :1].set(last_pos.astype(features.dtype))
 
-    def body(state):
-        cache, dstate, last, history, count, done, key, steps, acc, features, est = state
-        key, k_step = jax.random.split(key)
-        ctx = Context(last, history, cache.length + 1, sampling, features)
-        choice = policy.choose(est, ks, costs) if len(ks) > 1 else zero
-        operands = (params, dparams, cache, dstate, ctx, k_step)
-        n, emitted, new_cache, dstate, hidden = (jax.lax.switch(choice, steps_by_k, *operands) if len(ks) > 1
-                                                 else steps_by_k[0](*operands))
-        k_now = k_values[choice]
+    def context_of(s):
+        return Context(s["last"], s["history"], s["cache"].length + 1, sampling, s["features"])
+
+    def choose(s):
+        """The next step's drafter context int32[B] and index into ks."""
+        if not adaptive:
+            return jnp.zeros((B,), jnp.int32), zero
+        context = drafter.context(dparams, s["dstate"], context_of(s))
+        return context, policy.choose(s["est"], ks, costs, context, ~s["done"])
+
+    def step(choice: int, s):
+        """One step with K = ks[choice] (static)."""
+        k_now, last, done, count = ks[choice], s["last"], s["done"], s["count"]
+        key, k_step = jax.random.split(s["key"])
+        ctx = context_of(s)
+        n, emitted, new_cache, dstate, hidden = _spec_step(params, dparams, s["cache"], s["dstate"], ctx, k_step,
+                                                           cfg=cfg, drafter=drafter, num_draft=k_now, width=P)
         idx = jnp.arange(P, dtype=jnp.int32)
         eos_at = jnp.isin(emitted, eos_ids) & (idx[None] <= n[:, None])
         upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, P)
         emit = jnp.minimum(jnp.minimum(n + 1, upto_eos), limits - count)
         emit = jnp.where(done, 0, emit)
-        history = _emit(history, ctx.history_len, emitted, emit)
         active = ~done
-        est = policy.update(est, k_now, n, active)
         drafted = active[:, None] & (idx[None, :K] < k_now)
-        acc = {"steps": acc["steps"] + active.sum(),
-               "accepted": acc["accepted"] + jnp.where(active, n, 0).sum(),
-               "drafted": acc["drafted"] + active.sum() * k_now,
-               "per_position": acc["per_position"] + (active[:, None] & (idx[None, :K] < n[:, None])).sum(0),
-               "drafted_per_position": acc["drafted_per_position"] + drafted.sum(0),
-               "k_steps": acc["k_steps"].at[choice].add(1)}
-        cache = rollback(new_cache, jnp.where(done, cache.length, cache.length + n + 1))
-        dstate = drafter.commit(dparams, dstate, ctx, jnp.where(done, 0, n))
-        last = jnp.where(done, last, emitted[jnp.arange(B), n])
-        count = count + emit
-        done = done | (eos_at.any(1) & (upto_eos <= emit)) | (count >= limits)
-        return cache, dstate, last, history, count, done, key, steps + 1, acc, hidden, est
+        a = s["acc"]
+        acc = {"steps": a["steps"] + active.sum(),
+               "accepted": a["accepted"] + jnp.where(active, n, 0).sum(),
+               "drafted": a["drafted"] + active.sum() * k_now,
+               "per_position": a["per_position"] + (active[:, None] & (idx[None, :K] < n[:, None])).sum(0),
+               "drafted_per_position": a["drafted_per_position"] + drafted.sum(0),
+               "k_steps": a["k_steps"].at[choice].add(1)}
+        new = {"cache": rollback(new_cache, jnp.where(done, s["cache"].length, s["cache"].length + n + 1)),
+               "dstate": drafter.commit(dparams, dstate, ctx, jnp.where(done, 0, n)),
+               "last": jnp.where(done, last, emitted[jnp.arange(B), n]),
+               "history": _emit(s["history"], ctx.history_len, emitted, emit),
+               "count": count + emit,
+               "done": done | (eos_at.any(1) & (upto_eos <= emit)) | (count + emit >= limits),
+               "key": key, "steps": s["steps"] + 1, "acc": acc, "features": hidden,
+               "est": policy.update(s["est"], jnp.int32(k_now), n, active, s["context"]) if adaptive else s["est"]}
+        new["context"], new["choice"] = choose(new)
+        return new
 
-    # the features of the pass that made `first` (the prompt's last position) wait at index 0
-    features = jnp.zeros((len(drafter.hidden_layers), B, P, cfg.hidden_size), params["embed"].dtype)
-    last_pos = jnp.take_along_axis(prompt_features, (lengths - 1)[None, :, None, None], axis=2)
-    features = features.at[:, :, :1].set(last_pos.astype(features.dtype))
-    state = (cache, dstate, first, history, count, done, key, zero, acc, features, policy.init_estimate())
-    cache, _, _, history, count, _, _, steps, acc, _, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[5]), body, state)
+    def run_while_chosen(choice: int):
+        return lambda s: jax.lax.while_loop(lambda s: ~jnp.all(s["done"]) & (s["choice"] == choice),
+                                            functools.partial(step, choice), s)
+
+    est = policy.init_estimate(prior, policy.first_wait(ks, costs) if adaptive else policy.MIN_WAIT)
+    state = {"cache": cache, "last": first, "history": history, "count": count,
+             "done": jnp.isin(first, eos_ids) | (count >= limits),
+             "dstate": drafter.init(dparams, tokens, lengths, cache.capacity, prompt_features),
+             "key": key, "steps": zero, "acc": acc, "features": features, "est": est}
+    state["context"], state["choice"] = choose(state)
+    if adaptive:
+        loops = [run_while_chosen(i) for i in range(len(ks))]
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s["done"]),
+                                   lambda s: jax.lax.switch(s["choice"], loops, s), state)
+    else:
+        state = run_while_chosen(0)(state)
     cols = lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
-    out = jnp.take_along_axis(history, jnp.minimum(cols, history.shape[1] - 1), axis=1)
-    out = jnp.where(jnp.arange(width)[None] < count[:, None], out, -1)
-    return out, count, steps, acc, cache
+    out = jnp.take_along_axis(state["history"], jnp.minimum(cols, state["history"].shape[1] - 1), axis=1)
+    out = jnp.where(jnp.arange(width)[None] < state["count"][:, None], out, -1)
+    return out, state["count"], state["steps"], state["acc"], state["cache"]
 
 
 def _compiled(tag: tuple, fn, static: dict, args: tuple, donate: tuple):
@@ -264,6 +289,17 @@ def _check_drafter(drafter, num_draft_tokens, model) -> int:
         raise ValueError(f"num_draft_tokens (K) must be an integer >= 1, got {num_draft_tokens}")
     drafter.check_target(model)
     return int(num_draft_tokens)
+
+
+def padded_batch(model, rows: list, max_new_tokens: int, extra: int):
+    """Prompts right-padded to a length bucket T, and an empty cache of T + N + extra slots (N: the
+    output bucket) -> (tokens int32[B, T] (numpy), lengths int32[B], cache, N)."""
+    T, N = bucket(max(len(r) for r in rows)), bucket(max_new_tokens)
+    tokens = np.zeros((len(rows), T), np.int32)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+    lengths = jnp.asarray([len(r) for r in rows], jnp.int32)
+    return tokens, lengths, init_cache(model.config, len(rows), T + N + extra, model.params["embed"].dtype), N
 
 
 def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling) -> dict:
@@ -300,8 +336,8 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     drafter=None is plain autoregressive decoding; with a drafter every step proposes up to
     num_draft_tokens (K) tokens that one target pass verifies (lossless rejection sampling).
     adaptive=True (jaxspec/policy.py) picks each step's K in policy.candidates(K), 0 (a plain step)
-    included, from the running acceptance and step costs measured on first use for this batch and
-    cache size; when even full acceptance could not pay, it decodes plainly. adaptive=False: K fixed.
+    included, from running acceptance estimates and step costs measured on first use for this
+    batch size; when even full acceptance could not pay, it decodes plainly. adaptive=False: K fixed.
     Returns tokens, texts and stats.
     """
     cfg: ModelConfig = model.config
@@ -320,13 +356,7 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     eos = getattr(model.tokenizer, "eos_token_ids", ()) or ()
     eos_ids = jnp.asarray(list(eos) or [-1], jnp.int32)
 
-    T = bucket(max(len(r) for r in rows))
-    N = bucket(int(limits.max()))
-    tokens = np.zeros((B, T), np.int32)
-    for i, r in enumerate(rows):
-        tokens[i, :len(r)] = r
-    lengths = jnp.asarray([len(r) for r in rows], jnp.int32)
-    cache = init_cache(cfg, B, T + N + extra, model.params["embed"].dtype)
+    tokens, lengths, cache, N = padded_batch(model, rows, int(limits.max()), extra)
     key = jax.random.PRNGKey(seed)
     common = (jnp.asarray(tokens), lengths, jnp.asarray(limits), cache, params_s, eos_ids, key)
     ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
@@ -341,7 +371,8 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
         exe, compile_s = _compiled(("autoregressive", cfg, N), _autoregressive,
                                    {"cfg": cfg, "capacity_out": N}, args, donate=(4,))
     else:
-        args = (model.params, drafter.params_for(model)) + common + (jnp.asarray(costs),)
+        args = (model.params, drafter.params_for(model)) + common + (
+            jnp.asarray(costs), jnp.asarray(drafter.prior_acceptance, jnp.float32))
         exe, compile_s = _compiled(("speculative", cfg, drafter.static_key(), ks, N), _speculative,
                                    {"cfg": cfg, "drafter": drafter, "ks": ks, "capacity_out": N},
                                    args, donate=(5,))

@@ -1,14 +1,18 @@
-"""Adaptive speculation: choose K each step from the running acceptance estimate and measured costs.
+"""Adaptive speculation: choose K each step from running acceptance estimates and measured costs.
 
-A step with K drafts emits (1 - a^(K+1)) / (1 - a) tokens on average (Leviathan et al. 2023, eq. 1,
-a = per-token acceptance) and costs c_K plain decode steps, measured once per (model, drafter,
-batch, cache size) at start-up. Each step takes the K in a small candidate set that maximises
-tokens per cost; K = 0 is a plain target step (the drafter only keeps its state in sync).
+A step with K drafts emits (1 - a^(K+1)) / (1 - a) tokens per row on average (Leviathan et al.
+2023, eq. 1, a = per-token acceptance) and costs c_K plain decode steps, measured once per (model,
+drafter, batch size, sampling kind) at start-up. Each step takes the K in a small candidate set
+that maximises the batch's expected tokens per cost; K = 0 is a plain target step (the drafter only
+keeps its state in sync).
 
-The estimate of a is the geometric-run maximum likelihood, accepted / trials, with trials = drafts
-up to and including the first rejection, decayed each step so it follows the text. When K = 0 is
-chosen no evidence comes in, so a probe step with the smallest K > 0 runs after `wait` plain steps;
-`wait` doubles after each probe that finds nothing and resets when speculation is chosen again.
+Acceptance is estimated per drafter context (Drafter.context: e.g. the length of NGram's match;
+one context for model drafters): the geometric-run maximum likelihood, accepted / trials, with
+trials = drafts up to and including the first rejection, decayed per observation so it follows the
+text, and starting from the drafter's prior (a shipped head's held-out acceptance). When K = 0 is
+chosen no evidence comes in, so after `wait` plain steps one step probes with the smallest K > 0.
+The first wait keeps probes under PROBE_BUDGET of the plain steps' time; it doubles after each
+probe that finds nothing and resets when speculation is chosen again.
 """
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-DECAY = 0.9                 # weight of the past in the acceptance estimate, per step
-PRIOR = (1.0, 2.0)          # (accepted, trials) before any evidence: a = 0.5
-FIRST_WAIT, MAX_WAIT = 8, 256
+DECAY = 0.9                 # weight of a context's past evidence, per new observation of it
+PRIOR_TRIALS = 2.0          # weight of the prior, in drafts
+PROBE_BUDGET = 0.02         # probes cost at most this share of the plain steps between them
+MIN_WAIT, MAX_WAIT = 8, 256
+PROBE_FLOOR = 0.05          # contexts estimated below this (NGram without a match) are not probed
 
 
 def candidates(num_draft: int) -> tuple[int, ...]:
@@ -30,14 +36,26 @@ def candidates(num_draft: int) -> tuple[int, ...]:
 
 
 class Estimate(NamedTuple):
-    accepted: jax.Array     # float32: decayed accepted drafts
-    trials: jax.Array       # float32: decayed drafts tested (up to and including the first rejection)
+    accepted: jax.Array     # float32[C]: decayed accepted drafts per context
+    trials: jax.Array       # float32[C]: decayed drafts tested (up to and including the first rejection)
     plain_run: jax.Array    # int32: consecutive K = 0 steps
     wait: jax.Array         # int32: plain steps before the next probe
+    first_wait: jax.Array   # int32: the wait after speculation was chosen
 
 
-def init_estimate() -> Estimate:
-    return Estimate(jnp.float32(PRIOR[0]), jnp.float32(PRIOR[1]), jnp.int32(0), jnp.int32(FIRST_WAIT))
+def first_wait(ks: tuple, costs: jax.Array) -> jax.Array:
+    """Plain steps between probes so that a failed probe (extra cost c_k - 1, k the smallest K > 0)
+    costs at most PROBE_BUDGET of them, within [MIN_WAIT, MAX_WAIT]."""
+    i = min(j for j, k in enumerate(ks) if k > 0)
+    wait = jnp.ceil((jnp.asarray(costs, jnp.float32)[i] - 1.0) / PROBE_BUDGET)
+    return jnp.clip(wait, MIN_WAIT, MAX_WAIT).astype(jnp.int32)
+
+
+def init_estimate(prior, wait=MIN_WAIT) -> Estimate:
+    """prior float32[C]: assumed acceptance per context before any evidence (weight PRIOR_TRIALS)."""
+    prior = jnp.asarray(prior, jnp.float32)
+    wait = jnp.asarray(wait, jnp.int32)
+    return Estimate(prior * PRIOR_TRIALS, jnp.full_like(prior, PRIOR_TRIALS), jnp.int32(0), wait, wait)
 
 
 def expected_tokens(a: jax.Array, ks: jax.Array) -> jax.Array:
@@ -46,29 +64,34 @@ def expected_tokens(a: jax.Array, ks: jax.Array) -> jax.Array:
     return (1.0 - a ** (ks + 1)) / (1.0 - a)
 
 
-def choose(est: Estimate, ks: tuple, costs: jax.Array) -> jax.Array:
-    """Index into ks of the K for this step. costs float32[len(ks)]: c_K in plain steps."""
+def choose(est: Estimate, ks: tuple, costs: jax.Array, context: jax.Array, active: jax.Array) -> jax.Array:
+    """Index into ks of the K for this step. costs float32[len(ks)]: c_K in plain steps; context
+    int32[B]: each row's drafter context; active bool[B]: rows still generating."""
+    a = est.accepted[context] / est.trials[context]                              # [B]
     k = jnp.asarray(ks, jnp.float32)
-    best = jnp.argmax(expected_tokens(est.accepted / est.trials, k) / costs).astype(jnp.int32)
+    tokens = jnp.where(active[:, None], expected_tokens(a[:, None], k[None]), 0.0).sum(0)   # [len(ks)]
+    best = jnp.argmax(tokens / costs).astype(jnp.int32)
     if ks[0] != 0:
         return best
-    probe = (best == 0) & (est.plain_run >= est.wait)
+    probe = (best == 0) & (est.plain_run >= est.wait) & jnp.any(active & (a >= PROBE_FLOOR))
     return jnp.where(probe, 1, best)
 
 
-def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Array) -> Estimate:
-    """Fold one step in: K drafts (traced int), num_accepted int32[B], active bool[B] (rows still going)."""
+def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Array,
+           context: jax.Array) -> Estimate:
+    """Fold one step in: K drafts (traced int), num_accepted int32[B], active bool[B], context int32[B]."""
     tried = jnp.where(num_accepted < K, num_accepted + 1, num_accepted)
     live = active & (K > 0)
-    acc = DECAY * est.accepted + jnp.where(live, num_accepted, 0).sum()
-    trials = DECAY * est.trials + jnp.where(live, tried, 0).sum()
-    keep = K == 0
+    zeros = jnp.zeros_like(est.accepted)
+    seen = zeros.at[context].add(live.astype(jnp.float32)) > 0
+    acc = jnp.where(seen, DECAY * est.accepted, est.accepted) + zeros.at[context].add(jnp.where(live, num_accepted, 0))
+    trials = jnp.where(seen, DECAY * est.trials, est.trials) + zeros.at[context].add(jnp.where(live, tried, 0))
     was_probe = (K > 0) & (est.plain_run >= est.wait)
     wait = jnp.where(was_probe & (jnp.where(live, num_accepted, 0).sum() == 0),
                      jnp.minimum(2 * est.wait, MAX_WAIT), est.wait)
-    wait = jnp.where((K > 0) & ~was_probe, FIRST_WAIT, wait)
-    return Estimate(jnp.where(keep, est.accepted, acc), jnp.where(keep, est.trials, trials),
-                    jnp.where(keep, est.plain_run + 1, 0), wait.astype(jnp.int32))
+    wait = jnp.where((K > 0) & ~was_probe, est.first_wait, wait)
+    return est._replace(accepted=acc, trials=trials, plain_run=jnp.where(K == 0, est.plain_run + 1, 0),
+                        wait=wait.astype(jnp.int32))
 
 
 _COSTS: dict = {}

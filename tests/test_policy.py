@@ -23,41 +23,86 @@ KS = (0, 1, 2, 5)
 GEN = importlib.import_module("jaxspec.generate")      # the module (jaxspec.generate is the function)
 
 
-def _after(steps, K, n):
-    est = policy.init_estimate()
+ONE = jnp.zeros((1,), jnp.int32)           # one row in context 0
+LIVE = jnp.asarray([True])
+
+
+def _after(steps, K, n, prior=(0.5,)):
+    est = policy.init_estimate(prior)
     for _ in range(steps):
-        est = policy.update(est, jnp.int32(K), jnp.asarray([n], jnp.int32), jnp.asarray([True]))
+        est = policy.update(est, jnp.int32(K), jnp.asarray([n], jnp.int32), LIVE, ONE)
     return est
 
 
+def _choose(est, costs):
+    return KS[int(policy.choose(est, KS, jnp.asarray(costs), ONE, LIVE))]
+
+
 def test_choice_follows_acceptance_and_costs():
-    costs = jnp.asarray([1.0, 1.3, 1.6, 2.5])
+    costs = [1.0, 1.3, 1.6, 2.5]
     assert policy.candidates(5) == KS and policy.candidates(1) == (0, 1) and policy.candidates(8) == (0, 1, 2, 4, 8)
     high, low = _after(20, 5, 5), _after(20, 5, 0)        # every draft kept / none kept
-    assert float(high.accepted / high.trials) > 0.95 and float(low.accepted / low.trials) < 0.05
-    assert KS[int(policy.choose(high, KS, costs))] == 5
-    assert KS[int(policy.choose(low, KS, costs))] == 0
+    assert float(high.accepted[0] / high.trials[0]) > 0.95 and float(low.accepted[0] / low.trials[0]) < 0.05
+    assert _choose(high, costs) == 5 and _choose(low, costs) == 0
     # nothing accepted: drafts that cost 3-10% of a step do not pay; at partial acceptance they do
-    assert KS[int(policy.choose(low, KS, jnp.asarray([1.0, 1.03, 1.05, 1.1])))] == 0
-    assert KS[int(policy.choose(_after(20, 5, 2), KS, jnp.asarray([1.0, 1.01, 1.02, 1.05])))] > 0
+    assert _choose(low, [1.0, 1.03, 1.05, 1.1]) == 0
+    assert _choose(_after(20, 5, 2), [1.0, 1.01, 1.02, 1.05]) > 0
     # partial acceptance: n accepted of K means n + 1 trials (the rejected one counts)
     est = _after(1, 5, 2)
-    assert float(est.accepted) == pytest.approx(policy.DECAY * policy.PRIOR[0] + 2)
-    assert float(est.trials) == pytest.approx(policy.DECAY * policy.PRIOR[1] + 3)
+    assert float(est.accepted[0]) == pytest.approx(policy.DECAY * 0.5 * policy.PRIOR_TRIALS + 2)
+    assert float(est.trials[0]) == pytest.approx(policy.DECAY * policy.PRIOR_TRIALS + 3)
     assert policy.speculation_can_pay(KS, costs) and not policy.speculation_can_pay(KS, [1.0, 2.0, 3.1, 6.5])
 
 
-def test_probe_after_a_plain_run_and_backoff():
-    costs = jnp.asarray([1.0, 3.0, 4.0, 8.0])                # speculation never looks worth it
-    est, chosen = policy.init_estimate(), []
-    for _ in range(60):
-        i = policy.choose(est, KS, costs)
-        chosen.append(KS[int(i)])
-        est = policy.update(est, jnp.int32(KS[int(i)]), jnp.asarray([0], jnp.int32), jnp.asarray([True]))
-    probes = [i for i, k in enumerate(chosen) if k]
+def test_estimates_are_kept_per_context():
+    """Rows in context 1 accept everything, rows in context 0 nothing: each context learns its own
+    rate, and the batch's choice weighs the rows it holds."""
+    est = policy.init_estimate((0.5, 0.5, 0.5))
+    context, live = jnp.asarray([0, 1]), jnp.asarray([True, True])
+    for _ in range(20):
+        est = policy.update(est, jnp.int32(5), jnp.asarray([0, 5], jnp.int32), live, context)
+    a = est.accepted / est.trials
+    assert float(a[0]) < 0.05 and float(a[1]) > 0.95 and float(a[2]) == 0.5      # context 2 never seen
+    costs = jnp.asarray([1.0, 1.3, 1.6, 2.5])
+    pick = lambda rows: KS[int(policy.choose(est, KS, costs, jnp.asarray(rows), jnp.ones(len(rows), bool)))]
+    assert pick([0]) == 0 and pick([1]) == 5 and pick([0, 0, 0, 1]) == 0 and pick([0, 1, 1]) == 5
+    # a finished row does not count
+    assert KS[int(policy.choose(est, KS, costs, jnp.asarray([0, 1]), jnp.asarray([True, False])))] == 0
+
+
+def test_probes_stay_within_budget_and_back_off():
+    costs = jnp.asarray([1.0, 1.3, 1.6, 2.5])
+    wait = int(policy.first_wait(KS, costs))
+    assert wait == 15                                        # 0.3 extra cost a probe <= 2% of 15 steps
+    assert int(policy.first_wait(KS, jnp.asarray([1.0, 1.01, 1.1, 1.2]))) == policy.MIN_WAIT
+    assert int(policy.first_wait(KS, jnp.asarray([1.0, 9.0, 9.5, 10.0]))) == policy.MAX_WAIT
+
+    def run(prior, steps=120):
+        est, chosen = policy.init_estimate(prior, wait), []
+        for _ in range(steps):
+            k = _choose(est, costs)
+            chosen.append(k)
+            est = policy.update(est, jnp.int32(k), jnp.asarray([0], jnp.int32), LIVE, ONE)
+        return [i for i, k in enumerate(chosen) if k], chosen
+
+    probes, chosen = run((0.2,))                             # speculation never looks worth it
     assert all(chosen[i] == 1 for i in probes)               # probes use the smallest K
-    assert np.diff(probes).tolist() == [policy.FIRST_WAIT * 2 + 1, policy.FIRST_WAIT * 4 + 1]  # failed: wait doubles
-    assert probes[0] == policy.FIRST_WAIT
+    assert probes[0] == wait and np.diff(probes).tolist() == [2 * wait + 1, 4 * wait + 1]  # failed: wait doubles
+    assert run((0.0,))[0] == []                              # a context below PROBE_FLOOR is never probed
+
+
+def test_ngram_context_is_its_match_length_and_priors_come_from_metadata():
+    from jaxspec.drafters.base import Context
+    history = jnp.asarray([[5, 6, 7, 8, 5, 6, 7, 0], [1, 2, 3, 4, 9, 9, 9, 9], [4, 1, 2, 3, 2, 0, 0, 0]])
+    length = jnp.asarray([7, 4, 5])                          # last tokens: 5 6 7 | 1 2 3 4 | 4 1 2 3 2
+    ctx = Context(history[jnp.arange(3), length - 1], history, length, {}, jnp.zeros((0, 3, 1, 4)))
+    ng = NGram(max_ngram=3)
+    assert ng.context({}, (), ctx).tolist() == [3, 0, 1]
+    assert ng.prior_acceptance == (0.0, 0.4, 0.6, 0.8) and NGram(4, 2).prior_acceptance[-1] == 0.8
+    meta = {"heldout_acceptance": {"per_position_acceptance": [0.31, 0.1]}}
+    ecfg = EagleConfig.for_target(TINY, draft_vocab_size=TINY.vocab_size)
+    params = init_eagle_params(ecfg, jax.random.PRNGKey(1))
+    assert Eagle(params, ecfg, meta).prior_acceptance == (0.31,) and Eagle(params, ecfg).prior_acceptance == (0.5,)
 
 
 def _drafters():
@@ -75,8 +120,8 @@ def scrambled_k(monkeypatch):
     fake = {"costs": np.asarray([1.0, 1.25, 1.5, 2.2], np.float32), "seconds": 0.0}
     monkeypatch.setattr(GEN, "_step_costs", lambda *a, **k: fake)
     monkeypatch.setattr(GEN, "_COMPILED", {})                     # no program traced with the real choice
-    monkeypatch.setattr(policy, "choose", lambda est, ks, costs: (
-        jnp.floor(est.trials * 13.7) + 2 * est.plain_run).astype(jnp.int32) % len(ks))
+    monkeypatch.setattr(policy, "choose", lambda est, ks, costs, context, active: (
+        jnp.floor(est.trials.sum() * 13.7) + 2 * est.plain_run).astype(jnp.int32) % len(ks))
 
 
 @pytest.mark.parametrize("kind", ["ngram", "draft", "eagle", "mtp"])

@@ -7,6 +7,7 @@ compiled programs can be reused. Inside the compiled loop:
   tokens[B, K], probs[B, K, V] | None, state = drafter.propose(params, state, ctx, key, K)
   state = drafter.commit(params, state, ctx, num_accepted[B])
   state = drafter.sync(params, state, ctx)   # instead of propose in a step without drafts (K = 0)
+  context int32[B] = drafter.context(params, state, ctx)   # before each adaptive step (policy.py)
 probs=None means the draft is deterministic (argmax or lookup): q is one-hot on the token.
 """
 from __future__ import annotations
@@ -56,6 +57,19 @@ class Drafter:
 
     def commit(self, params, state, ctx: Context, num_accepted):
         return state
+
+    def context(self, params, state, ctx: Context) -> jax.Array:
+        """int32[B] in [0, len(prior_acceptance)): what the drafter knows before drafting that
+        predicts acceptance (NGram: the length of its match). The adaptive policy keeps one
+        acceptance estimate per context. Default: one context."""
+        return jnp.zeros_like(ctx.last)
+
+    @property
+    def prior_acceptance(self) -> tuple:
+        """Per context, the per-token acceptance assumed before any evidence: a shipped head's
+        held-out first-draft acceptance (metadata), else 0.5."""
+        held = getattr(self, "metadata", {}).get("heldout_acceptance", {}).get("per_position_acceptance")
+        return (float(held[0]),) if held else (0.5,)
 
     def sync(self, params, state, ctx: Context):
         """A step verifies no drafts (adaptive K = 0, a plain target step): take in what propose
