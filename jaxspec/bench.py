@@ -18,6 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 DEFAULT_PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "prompts",
                                "eval.jsonl")
@@ -130,22 +131,16 @@ def batches(prompts_ids: list, batch: int) -> list:
 def step_cost(model, drafter, K: int, group: list, max_new_tokens: int, sampling) -> float:
     """Cost of one step with K drafts (drafting + verifying K+1 tokens), in plain decode steps, timed
     alone on the shapes generate() uses for this batch (jaxspec.policy.measure_costs)."""
-    from .cache import init_cache
-    from .generate import _step_costs, bucket
+    from .generate import _step_costs, padded_batch
     from .sampling import row_params
 
-    T, N = bucket(max(len(r) for r in group)), bucket(max_new_tokens)
-    tokens = np.zeros((len(group), T), np.int32)
-    for i, r in enumerate(group):
-        tokens[i, :len(r)] = r
-    cache = init_cache(model.config, len(group), T + N + K + 1, model.params["embed"].dtype)
-    measured = _step_costs(model, drafter, (K,), tokens, jnp.asarray([len(r) for r in group], jnp.int32),
-                           cache, row_params(sampling, len(group)))
+    tokens, lengths, cache, _ = padded_batch(model, group, max_new_tokens, K + 1)
+    measured = _step_costs(model, drafter, (K,), tokens, lengths, cache, row_params(sampling, len(group)))
     return float(measured["costs"][0])
 
 
 def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, batch: int = 1,
-                   sampling=None, adaptive: bool = True, seed: int = 0) -> dict:
+                   sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True) -> dict:
     """Plain decoding, each drafter at each fixed K and (adaptive=True) with adaptive K up to max(ks),
     on groups of `batch` prompts, each group run by every decoder in turn. Compiling (and measuring
     the adaptive policy's costs) runs first on the first group and is reported apart."""
@@ -160,11 +155,18 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
     groups = batches(prompts_ids, batch)
     run = lambda group, d, k, ad: generate(model, group, max_new_tokens=max_new_tokens, sampling=sampling,
                                            drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed)
-    compile_s = {label: run(groups[0], d, k, ad).stats.compile_seconds for label, d, k, ad in configs}
+    desc = f"bench: batch {batch}, temperature {sampling.temperature:g}"
+    bar = tqdm(total=len(configs) * (len(groups) + 1), desc=desc, unit="run", disable=not progress)
+    compile_s = {}
+    for label, d, k, ad in configs:
+        compile_s[label] = run(groups[0], d, k, ad).stats.compile_seconds
+        bar.update(1)
     runs = {label: [] for label, *_ in configs}
     for group in groups:
         for label, d, k, ad in configs:
             runs[label].append(run(group, d, k, ad).stats)
+            bar.update(1)
+    bar.close()
     plain = _aggregate(runs["plain"])
     result = {}
     for label, d, k, ad in configs:
