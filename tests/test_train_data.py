@@ -65,6 +65,22 @@ def test_make_data_resume_and_read(tmp_path, prompt_file):
     assert data.summary(out)["examples"] == 20
 
 
+def test_every_generate_call_has_the_same_rows(tmp_path, prompt_file, monkeypatch):
+    m = tiny_model()
+    calls, real = [], jaxspec.generate
+    monkeypatch.setattr(jaxspec, "generate", lambda model, prompts, **k: calls.append(len(prompts))
+                        or real(model, prompts, **k))
+    out = str(tmp_path / "data")
+    data.make_data(m, prompt_file, out, num_prompts=10, heldout=2, max_new_tokens=5, batch_size=4, shard_size=8,
+                   progress=False)
+    assert calls == [4, 4, 4]                          # shard 1's two prompts padded to the call's 4 rows
+    assert data.summary(out)["examples"] == 10
+    seqs, plens = data.read_shard(out, "shard-00001.npz")
+    assert len(seqs) == 2
+    for ids, p in zip(seqs, plens):                    # padding changed no answer
+        assert ids[p:].tolist() == real(m, [ids[:p].tolist()], max_new_tokens=5).tokens[0]
+
+
 def test_settings_guard_and_bad_input(tmp_path, prompt_file):
     m = tiny_model()
     out = str(tmp_path / "data")

@@ -198,3 +198,34 @@ def test_answer_only_mask_starts_where_drafts_reach_the_answer(tiny_data):
         if n > 1:
             p = prompt_len[tuple(row[:n].tolist())]
             assert m_ans.tolist() == [p - 2 <= t < n - 1 for t in range(len(row))]
+
+
+def test_feature_cache_pads_rows_to_few_shapes_and_matches_the_target(tiny_data, tmp_path, monkeypatch):
+    from jaxspec.cache import init_cache
+    from jaxspec.models.llama import forward_hidden
+    from train import features
+
+    m, data_dir, _ = tiny_data
+    shapes, real = [], features._hidden_jit
+    monkeypatch.setattr(features, "_hidden_jit", lambda p, tokens, cfg, layers: shapes.append(tokens.shape)
+                        or real(p, tokens, cfg, layers))
+    local = tmp_path / "data"                                   # a copy: the module's cache stays untouched
+    local.mkdir()
+    for name in os.listdir(data_dir):
+        if name.endswith(".npz") or name.endswith(".json"):
+            (local / name).write_bytes(open(os.path.join(data_dir, name), "rb").read())
+    feat_dir = features.cache_features(m, str(local), LAYERS, tokens_per_batch=576, progress=False)
+    rows = [b for b, _ in shapes]
+    assert all(b & (b - 1) == 0 or b == 576 // T for b, T in shapes), shapes
+    assert len(set(shapes)) < len(shapes)                      # shapes repeat across shards and groups
+    # every example's cached rows equal the target's own hidden states for it alone (bfloat16)
+    stored = features.load_features(feat_dir, data.shard_names(str(local)))[1]
+    seqs = data.read_shard(str(local), data.shard_names(str(local))[1])[0]
+    start = sum(len(s) for s in seqs[:3])
+    ids = jnp.asarray(seqs[3])[None]
+    x, hidden, _ = forward_hidden(m.params, ids, init_cache(m.config, 1, ids.shape[1], jnp.float32), m.config, LAYERS)
+    want = jnp.concatenate([hidden, x[None]], axis=0)[:, 0].transpose(1, 0, 2)
+    got = features.bits_to_float(stored[start:start + len(seqs[3])])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want.astype(jnp.bfloat16).astype(jnp.float32)),
+                               rtol=1e-2, atol=1e-2)
+    assert sum(rows) > sum(1 for _ in data.iter_examples(str(local)))     # some groups were padded

@@ -66,6 +66,7 @@ def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, h
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1)
 
+    rows_per_call = min(batch_size, shard_size)
     dtype = np.uint16 if model.config.vocab_size <= 2**16 else np.int32
     shards = [train_idx[i:i + shard_size] for i in range(0, len(train_idx), shard_size)]
     done = sum(os.path.isfile(_shard_path(out_dir, i)) for i in range(len(shards)))
@@ -80,7 +81,10 @@ def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, h
         rows = []
         for b in range(0, len(kept), batch_size):
             chunk = kept[b:b + batch_size]
-            out = generate(model, [ids for _, ids in chunk], max_new_tokens=max_new_tokens)
+            # every call has `rows_per_call` rows (the last prompt repeated, its copies' answers dropped):
+            # one compiled program per prompt-length bucket, not one per short batch
+            filler = [chunk[-1][1]] * (rows_per_call - len(chunk))
+            out = generate(model, [ids for _, ids in chunk] + filler, max_new_tokens=max_new_tokens)
             rows += [(i, ids, ans) for (i, ids), ans in zip(chunk, out.tokens)]
             bar.update(len(chunk))
         bar.update(len(idx) - len(kept))

@@ -82,7 +82,8 @@ def cache_features(model, data_dir: str, layers, tokens_per_batch: int = 4096, p
             B = max(1, tokens_per_batch // T)
             group = [g for g in order[i:i + B] if len(seqs[g]) <= T]
             T = bucket(max(len(seqs[g]) for g in group), 64)
-            batch = np.zeros((len(group), T), np.int32)
+            # rows padded to a power of two (at most B): a few compiled shapes per T, not one per group size
+            batch = np.zeros((min(B, bucket(len(group), 1)), T), np.int32)
             for r, g in enumerate(group):
                 batch[r, :len(seqs[g])] = seqs[g]
             bits = np.asarray(_hidden_jit(model.params, jnp.asarray(batch), model.config, layers))
