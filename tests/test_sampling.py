@@ -4,11 +4,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+import torch
+from transformers.generation import logits_process as warpers
 
 from jaxspec.sampling import Sampling, probs_from_logits, row_params
-
-torch = pytest.importorskip("torch")
-warpers = pytest.importorskip("transformers.generation.logits_process")
 
 ROWS = [Sampling(temperature=0.7), Sampling(temperature=1.0, top_k=50), Sampling(temperature=0.8, top_p=0.9),
         Sampling(temperature=1.3, min_p=0.1), Sampling(temperature=0.7, top_k=40, top_p=0.8, min_p=0.05),
