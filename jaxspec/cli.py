@@ -48,7 +48,8 @@ def cmd_generate(args) -> int:
                           "stats": s.__dict__}))
     else:
         print(out.texts[0])
-        print(f"\n[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tokens/s, "
+        print(f"\n[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tokens/s; first token after "
+              f"{s.prefill_seconds:.2f} s, then {s.decode_tokens_per_second:.1f} tokens/s; "
               f"compile {s.compile_seconds:.1f} s, load {load_s:.1f} s]", file=sys.stderr)
     return 0
 
@@ -59,7 +60,8 @@ def cmd_demo(args) -> int:
     _, out, load_s = _run(args.model, DEMO_QUESTION, args)
     s = out.stats
     print(f"assistant> {out.texts[0]}\n")
-    print(f"{s.new_tokens} new tokens in {s.wall_seconds:.2f} s = {s.tokens_per_second:.1f} tokens/s "
+    print(f"{s.new_tokens} new tokens in {s.wall_seconds:.2f} s = {s.tokens_per_second:.1f} tokens/s: the prompt "
+          f"{s.prefill_seconds:.2f} s, then {s.decode_tokens_per_second:.1f} tokens/s "
           f"(compile {s.compile_seconds:.1f} s, load {load_s:.1f} s)")
     return 0
 

@@ -1,4 +1,4 @@
-"""Generation loops: one compiled program per (shape bucket), prefill + lax.while_loop.
+"""Generation: per shape bucket, a compiled prefill program, then one compiled lax.while_loop.
 
 Prompts are right-padded to a power-of-two bucket; padded slots lie beyond each row's length,
 so they are masked and later overwritten. Rows stop independently at EOS or their own limit.
@@ -24,16 +24,16 @@ from . import policy
 from .sampling import Sampling, SamplingArg, probs_from_logits, row_params, sample_tokens
 
 TRACES: collections.Counter = collections.Counter()  # program name -> times traced (compile guard)
-# Compiled loops, least recently used first. Bounded: XLA CPU maps ~1,500 memory regions per loop of a
-# 30-layer model (one per kernel of the unrolled layers) and a process may hold at most 65,530.
+# Compiled programs (prefills and loops), least recently used first. Bounded: XLA CPU maps ~1,500 memory
+# regions per program of a 30-layer model (one per kernel of the unrolled layers); a process may hold 65,530.
 _COMPILED: collections.OrderedDict = collections.OrderedDict()
-MAX_PROGRAMS = 16
+MAX_PROGRAMS = 24
 
 
 @dataclasses.dataclass
 class Stats:
-    wall_seconds: float
-    tokens_per_second: float
+    wall_seconds: float                    # prefill_seconds + decode_seconds
+    tokens_per_second: float               # new_tokens / wall_seconds
     compile_seconds: float
     new_tokens: int
     target_steps: int                      # target forward passes after prefill, summed over the loop
@@ -42,6 +42,10 @@ class Stats:
     per_position_acceptance: list = dataclasses.field(default_factory=list)  # kept / drafted, per position
     steps_per_k: dict = dataclasses.field(default_factory=dict)  # adaptive: loop steps that used each K
     step_costs: dict = dataclasses.field(default_factory=dict)   # adaptive: K -> measured cost, plain steps
+    prefill_seconds: float = 0.0           # the prompts' pass, up to the first token of every row
+    decode_seconds: float = 0.0            # the loop after it
+    decode_tokens: int = 0                 # the tokens it made: new_tokens less each row's first
+    decode_tokens_per_second: float = float("nan")   # decode_tokens / decode_seconds
 
 
 @dataclasses.dataclass
@@ -82,21 +86,23 @@ def _check_limits(max_new_tokens, batch: int) -> np.ndarray:
     return limits.astype(np.int32)
 
 
-def _prefill(params, cfg: ModelConfig, tokens, lengths, cache: KVCache, sampling, key, hidden_layers=()):
-    """Run the padded prompts; sample the first new token from each row's last real position.
-    -> (first int32[B], cache, hidden [N, B, T, E] of the requested layers)."""
+def _prefill(params, tokens, lengths, cache: KVCache, sampling, key, *, cfg: ModelConfig, hidden_layers=()):
+    """Run the padded prompts; sample the first new token from each row's last real position. Its
+    own program, so that the time to the first token and the decode loop are timed apart.
+    -> (first int32[B], cache, hidden [N, B, T, E] of the requested layers, the loop's key)."""
+    TRACES["prefill"] += 1
+    key, sub = jax.random.split(key)
     x, hidden, cache = forward_hidden(params, tokens, cache, cfg, hidden_layers)
     cache = rollback(cache, lengths)
     last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, E]
-    return sample_tokens(key, lm_head(params, last), sampling), cache, hidden
+    return sample_tokens(sub, lm_head(params, last), sampling), cache, hidden, key
 
 
-def _autoregressive(params, tokens, lengths, limits, cache, sampling, eos_ids, key, *, cfg, capacity_out):
-    """Prefill + lax.while_loop of one-token steps. -> (out int32[B, N], count int32[B], steps, cache)."""
+def _autoregressive(params, first, limits, cache, sampling, eos_ids, key, *, cfg, capacity_out):
+    """lax.while_loop of one-token steps after _prefill (first int32[B], the cache holding the prompts).
+    -> (out int32[B, N], count int32[B], steps, cache)."""
     TRACES["autoregressive"] += 1
-    B = tokens.shape[0]
-    key, sub = jax.random.split(key)
-    first, cache, _ = _prefill(params, cfg, tokens, lengths, cache, sampling, sub)
+    B = first.shape[0]
     out = jnp.full((B, capacity_out), -1, jnp.int32).at[:, 0].set(first)
     count = jnp.ones((B,), jnp.int32)
     done = jnp.isin(first, eos_ids) | (count >= limits)
@@ -169,9 +175,10 @@ def _spec_step(params, dparams, cache, dstate, ctx: Context, key, *, cfg, drafte
     return n, emitted, cache, dstate, hidden
 
 
-def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, costs, prior, *,
-                 cfg, drafter, ks, capacity_out):
-    """Prefill, then steps: propose K -> one target pass over K+1 -> rejection -> rollback.
+def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, first, prompt_features,
+                 costs, prior, *, cfg, drafter, ks, capacity_out):
+    """After _prefill (first int32[B], prompt_features [N, B, T, E]), steps: propose K -> one target
+    pass over K+1 -> rejection -> rollback.
 
     ks: the K values of this loop (static). One value: fixed K, one lax.while_loop. Several
     (adaptive): policy.choose picks each step's K from the acceptance estimates (starting at prior
@@ -186,9 +193,6 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
     P = K + 1                          # width of a step's emitted tokens and features
     width = capacity_out + P
     adaptive = len(ks) > 1
-    key, sub = jax.random.split(key)
-    first, cache, prompt_features = _prefill(params, cfg, tokens, lengths, cache, sampling, sub,
-                                             drafter.hidden_layers)
     history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :T].set(tokens)
     history = history.at[jnp.arange(B), lengths].set(first)
     count = jnp.ones((B,), jnp.int32)
@@ -357,8 +361,7 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     eos_ids = jnp.asarray(list(eos) or [-1], jnp.int32)
 
     tokens, lengths, cache, N = padded_batch(model, rows, int(limits.max()), extra)
-    key = jax.random.PRNGKey(seed)
-    common = (jnp.asarray(tokens), lengths, jnp.asarray(limits), cache, params_s, eos_ids, key)
+    tokens, limits, key = jnp.asarray(tokens), jnp.asarray(limits), jax.random.PRNGKey(seed)
     ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
     costs, cost_s = np.ones((len(ks),), np.float32), 0.0
     if drafter is not None and adaptive:
@@ -366,25 +369,36 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
         costs, cost_s = measured["costs"], measured["seconds"]
         if not policy.speculation_can_pay(ks, costs):
             drafter = None                                      # plain decoding: speculation cannot win here
-    if drafter is None:
-        args = (model.params,) + common
-        exe, compile_s = _compiled(("autoregressive", cfg, N), _autoregressive,
-                                   {"cfg": cfg, "capacity_out": N}, args, donate=(4,))
-    else:
-        args = (model.params, drafter.params_for(model)) + common + (
-            jnp.asarray(costs), jnp.asarray(drafter.prior_acceptance, jnp.float32))
-        exe, compile_s = _compiled(("speculative", cfg, drafter.static_key(), ks, N), _speculative,
-                                   {"cfg": cfg, "drafter": drafter, "ks": ks, "capacity_out": N},
-                                   args, donate=(5,))
+    hidden_layers = drafter.hidden_layers if drafter is not None else ()
+    args = (model.params, tokens, lengths, cache, params_s, key)
+    prefill, compile_s = _compiled(("prefill", cfg, hidden_layers), _prefill,
+                                   {"cfg": cfg, "hidden_layers": hidden_layers}, args, donate=(3,))
     start = time.perf_counter()
-    result = exe(*args)
+    first, cache, features, key = prefill(*args)
+    first.block_until_ready()
+    prefill_s = time.perf_counter() - start
+    if drafter is None:
+        args = (model.params, first, limits, cache, params_s, eos_ids, key)
+        loop, loop_compile_s = _compiled(("autoregressive", cfg, N), _autoregressive,
+                                         {"cfg": cfg, "capacity_out": N}, args, donate=(3,))
+    else:
+        args = (model.params, drafter.params_for(model), tokens, lengths, limits, cache, params_s, eos_ids, key,
+                first, features, jnp.asarray(costs), jnp.asarray(drafter.prior_acceptance, jnp.float32))
+        loop, loop_compile_s = _compiled(("speculative", cfg, drafter.static_key(), ks, N), _speculative,
+                                         {"cfg": cfg, "drafter": drafter, "ks": ks, "capacity_out": N},
+                                         args, donate=(5,))
+    start = time.perf_counter()
+    result = loop(*args)
     out, count = np.asarray(result[0]), np.asarray(result[1])
-    wall = time.perf_counter() - start
+    decode_s = time.perf_counter() - start
+    wall = prefill_s + decode_s
 
     new = [out[i, :count[i]].tolist() for i in range(B)]
     total = int(count.sum())
     stats = Stats(wall_seconds=wall, tokens_per_second=total / wall if wall > 0 else float("nan"),
-                  compile_seconds=compile_s + cost_s, new_tokens=total, target_steps=int(result[2]))
+                  compile_seconds=compile_s + loop_compile_s + cost_s, new_tokens=total, target_steps=int(result[2]),
+                  prefill_seconds=prefill_s, decode_seconds=decode_s, decode_tokens=total - B,
+                  decode_tokens_per_second=(total - B) / decode_s if decode_s > 0 else float("nan"))
     if adaptive and ks:
         stats.step_costs = {k: float(c) for k, c in zip(ks, costs)}
         stats.steps_per_k = {0: int(result[2])}

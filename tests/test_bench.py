@@ -16,10 +16,13 @@ def test_bench_decoders_fixed_and_adaptive():
     assert set(result) == {"plain", "ngram K=1", "ngram K=3", "ngram adaptive K<=3"}
     for label, d in result.items():
         assert d["tokens"] == 4 * 12 and d["tokens_per_second"] > 0 and d["speedup"] > 0   # 2 batches of 2
+        assert d["decode_tokens_per_second"] > 0 and d["decode_speedup"] > 0
+        assert d["prefill_seconds"] + d["decode_seconds"] == pytest.approx(d["seconds"])
     assert len(result["ngram K=3"]["per_position_acceptance"]) == 3
     assert 1.0 <= result["ngram K=3"]["mean_accepted_length"] <= 4.0
     fixed = result["ngram K=3"]
     assert fixed["step_cost"] > 0 and fixed["predicted_speedup"] == fixed["mean_accepted_length"] / fixed["step_cost"]
+    assert fixed["measured_over_predicted"] == fixed["decode_speedup"] / fixed["predicted_speedup"]
     assert sum(result["ngram adaptive K<=3"]["steps_per_k"].values()) == result["ngram adaptive K<=3"]["target_steps"]
     assert bench.batches([[1], [2], [3]], 2) == [[[1], [2]], [[3], [1]]]      # cycled to fill the last batch
     assert bench.batches([[1], [2]], 4) == [[[1], [2], [1], [2]]]

@@ -18,14 +18,17 @@ def tiny():
 
 def test_same_bucket_does_not_recompile(tiny):
     jaxspec.generate(tiny, [[1, 2, 3], [4, 5, 6, 7, 8]], max_new_tokens=10)
-    before = TRACES["autoregressive"]
+    before = TRACES["autoregressive"], TRACES["prefill"]
     out = jaxspec.generate(tiny, [[9, 9, 9, 9, 9, 9, 9], [3, 1]], max_new_tokens=12,
                            sampling=Sampling(temperature=0.8, top_k=5))
-    assert TRACES["autoregressive"] == before
+    assert (TRACES["autoregressive"], TRACES["prefill"]) == before
     assert out.stats.compile_seconds == 0.0
     assert [len(t) for t in out.tokens] == [12, 12]
+    s = out.stats                                    # the prompt pass and the loop are timed apart
+    assert s.prefill_seconds > 0 and s.decode_seconds > 0 and s.wall_seconds == s.prefill_seconds + s.decode_seconds
+    assert s.decode_tokens == 2 * 11 and s.decode_tokens_per_second == s.decode_tokens / s.decode_seconds
     jaxspec.generate(tiny, [list(range(40))], max_new_tokens=10)  # a new bucket compiles
-    assert TRACES["autoregressive"] == before + 1
+    assert (TRACES["autoregressive"], TRACES["prefill"]) == (before[0] + 1, before[1] + 1)
 
 
 def test_greedy_batch_rows_equal_single_rows(tiny):
@@ -124,14 +127,14 @@ def test_truncated_real_gguf(tmp_path):
 
 
 def test_compiled_programs_are_bounded(tiny, monkeypatch):
-    """Least recently used loops are dropped past MAX_PROGRAMS (each holds many memory maps)."""
+    """Least recently used programs are dropped past MAX_PROGRAMS (each holds many memory maps)."""
     import sys
     gen = sys.modules["jaxspec.generate"]
-    monkeypatch.setattr(gen, "MAX_PROGRAMS", 2)
+    monkeypatch.setattr(gen, "MAX_PROGRAMS", 4)
     monkeypatch.setattr(gen, "_COMPILED", gen._COMPILED.__class__())
-    for n in (3, 40, 100):                                   # three prompt buckets: three programs
+    for n in (3, 40, 100):                                   # three prompt buckets: a prefill and a loop each
         jaxspec.generate(tiny, [[5] * n], max_new_tokens=4)
-    assert len(gen._COMPILED) == 2
+    assert len(gen._COMPILED) == 4
     before = TRACES["autoregressive"]
     jaxspec.generate(tiny, [[1, 2, 3]], max_new_tokens=4)    # the first bucket was dropped: traced again
     assert TRACES["autoregressive"] == before + 1
