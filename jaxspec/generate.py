@@ -320,12 +320,14 @@ def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling) -> dict:
     cache = rollback(cache, lengths)
     args = (params, dparams, cache, dstate, ctx, jax.random.PRNGKey(0))
 
+    # Every output is returned, caches and drafter state included: XLA drops work whose result is
+    # unused, which removed the drafter's sync from K = 0 steps and the cache writes from all.
     def plain(params, dparams, cache, dstate, ctx, key):
-        return sample_tokens(key, forward(params, ctx.last[:, None], cache, cfg)[0], ctx.sampling)
+        logits, _, cache = forward(params, ctx.last[:, None], cache, cfg)
+        return sample_tokens(key, logits, ctx.sampling), cache
 
     def spec(k):
-        step = functools.partial(_spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
-        return lambda *a: step(*a)[:2]
+        return functools.partial(_spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
 
     greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
     key = (cfg, drafter.static_key(), ks, B, greedy)    # one measurement serves every cache size
@@ -341,7 +343,7 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     num_draft_tokens (K) tokens that one target pass verifies (lossless rejection sampling).
     adaptive=True (jaxspec/policy.py) picks each step's K in policy.candidates(K), 0 (a plain step)
     included, from running acceptance estimates and step costs measured on first use for this
-    batch size; when even full acceptance could not pay, it decodes plainly. adaptive=False: K fixed.
+    batch size; when the drafter's prior acceptance makes no K pay, it decodes plainly. adaptive=False: K fixed.
     Returns tokens, texts and stats.
     """
     cfg: ModelConfig = model.config
@@ -367,8 +369,8 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     if drafter is not None and adaptive:
         measured = _step_costs(model, drafter, ks, tokens, lengths, cache, params_s)
         costs, cost_s = measured["costs"], measured["seconds"]
-        if not policy.speculation_can_pay(ks, costs):
-            drafter = None                                      # plain decoding: speculation cannot win here
+        if not policy.speculation_can_pay(ks, costs, drafter.prior_acceptance):
+            drafter = None                                      # plain decoding: speculation is not expected to win
     hidden_layers = drafter.hidden_layers if drafter is not None else ()
     args = (model.params, tokens, lengths, cache, params_s, key)
     prefill, compile_s = _compiled(("prefill", cfg, hidden_layers), _prefill,

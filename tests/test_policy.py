@@ -51,7 +51,10 @@ def test_choice_follows_acceptance_and_costs():
     est = _after(1, 5, 2)
     assert float(est.accepted[0]) == pytest.approx(policy.DECAY * 0.5 * policy.PRIOR_TRIALS + 2)
     assert float(est.trials[0]) == pytest.approx(policy.DECAY * policy.PRIOR_TRIALS + 3)
-    assert policy.speculation_can_pay(KS, costs) and not policy.speculation_can_pay(KS, [1.0, 2.0, 3.1, 6.5])
+    # the adaptive loop runs only when some context's prior makes some K pay: K=1 at a=0.5 gives 1.5 tokens
+    assert policy.speculation_can_pay(KS, costs, [0.5]) and not policy.speculation_can_pay(KS, costs, [0.2])
+    assert policy.speculation_can_pay(KS, costs, [0.0, 0.2, 0.6])          # one context is enough
+    assert not policy.speculation_can_pay(KS, [1.0, 2.0, 3.1, 6.5], [0.99])  # even full acceptance loses
 
 
 def test_estimates_are_kept_per_context():
