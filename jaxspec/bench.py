@@ -235,6 +235,7 @@ def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: i
             result["runs"].append({"batch": batch, "temperature": temperature, "decoders": decoders})
             print(f"batch {batch}, temperature {temperature}: " + ", ".join(
                 f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)
+            _save(result, out_dir)                    # so far: an interrupted sweep keeps what it measured
     result["memory"] = {spec: drafter_memory(model, d, max(ks), len(ids[0]), max_new_tokens)
                         for spec, d in made.items()}
     result["target_parameters"] = int(sum(x.size for x in jax.tree_util.tree_leaves(model.params)))
@@ -259,13 +260,20 @@ def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: i
             result["jaxspec_plain_over_transformers_plain"] = plain / hf["plain"]["tokens_per_second"]
             result["jaxspec_best_over_transformers_lookup"] = best / hf["prompt_lookup"]["tokens_per_second"]
     if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "bench.json"), "w") as f:
-            json.dump(result, f, indent=2)
-        with open(os.path.join(out_dir, "bench.md"), "w") as f:
-            f.write(markdown(result))
+        _save(result, out_dir)
         plot(result, out_dir)
     return result
+
+
+def _save(result: dict, out_dir: str | None) -> None:
+    """bench.json and bench.md in out_dir (if given)."""
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bench.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(out_dir, "bench.md"), "w") as f:
+        f.write(markdown(result))
 
 
 def generate_greedy(model, ids, max_new_tokens: int) -> list:
@@ -316,6 +324,8 @@ def markdown(r: dict) -> str:
         for name, m in r["memory"].items():
             lines.append(f"| {name} | {m['parameters'] / 1e6:.2f}M | {m['weight_bytes'] / 1e6:.1f} | "
                          f"{m['state_bytes'] / 1e6:.2f} (S={m['capacity']}) |")
+    if "bandwidth" not in r:                          # written mid-sweep
+        return "\n".join(lines) + "\n"
     b = r["bandwidth"]
     reach = (f"; plain decoding at batch 1 ({b['plain_decode_tokens_per_second']:.1f} tokens/s after the prompt) "
              f"reaches {100 * b['fraction_of_bound']:.0f}% of it"

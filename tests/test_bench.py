@@ -41,6 +41,8 @@ def test_bench_run_writes_json_table_and_plots(tmp_path):
     assert saved["runs"][3]["decoders"]["ngram K=2"]["tokens"] == 4 * 8
     table = (out / "bench.md").read_text()
     assert "Batch 2, temperature 0.7" in table and "| ngram adaptive K<=2 |" in table and "Bandwidth bound" in table
+    partial = bench.markdown({k: v for k, v in r.items() if k not in ("bandwidth", "memory")})   # mid-sweep
+    assert "| ngram adaptive K<=2 |" in partial and "Bandwidth bound" not in partial
     for name in ("speedup.png", "acceptance.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
