@@ -317,17 +317,24 @@ def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling) -> dict:
     history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
     ctx = Context(history[jnp.arange(B), lengths - 1], history, lengths + 1, sampling,
                   jnp.zeros(features.shape[:2] + (P, cfg.hidden_size), features.dtype))
-    cache = rollback(cache, lengths)
+    cache = jax.tree_util.tree_map(jnp.copy, rollback(cache, lengths))    # a copy: the timing donates it
     args = (params, dparams, cache, dstate, ctx, jax.random.PRNGKey(0))
 
     # Every output is returned, caches and drafter state included: XLA drops work whose result is
-    # unused, which removed the drafter's sync from K = 0 steps and the cache writes from all.
+    # unused, which removed the drafter's sync from K = 0 steps and the cache writes from all. The
+    # cache (argument 2) is donated and passed on; each call first rolls it back to the prompts.
     def plain(params, dparams, cache, dstate, ctx, key):
-        logits, _, cache = forward(params, ctx.last[:, None], cache, cfg)
-        return sample_tokens(key, logits, ctx.sampling), cache
+        logits, _, cache = forward(params, ctx.last[:, None], rollback(cache, ctx.history_len - 1), cfg)
+        return cache, sample_tokens(key, logits, ctx.sampling)
 
     def spec(k):
-        return functools.partial(_spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
+        step = functools.partial(_spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
+
+        def timed(params, dparams, cache, dstate, ctx, key):
+            n, emitted, cache, dstate, hidden = step(params, dparams, rollback(cache, ctx.history_len - 1),
+                                                     dstate, ctx, key)
+            return cache, (n, emitted, dstate, hidden)
+        return timed
 
     greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
     key = (cfg, drafter.static_key(), ks, B, greedy)    # one measurement serves every cache size

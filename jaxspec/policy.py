@@ -97,34 +97,41 @@ def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Arr
 _COSTS: dict = {}
 
 
-def _seconds(fn, args) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
-
-
-def measure_costs(key: tuple, plain_step, spec_step, args: tuple, ks: tuple, repeats: int = 15) -> dict:
+def measure_costs(key: tuple, plain_step, spec_step, args: tuple, ks: tuple, repeats: int = 15,
+                  thread: int = 2) -> dict:
     """Cost of one step with each candidate K in plain steps, measured once per key (cached).
 
     plain_step(*args) is a target step without a drafter; spec_step(K)(*args) a full step with K
-    drafts (K = 0: plain plus the drafter's sync). Each is compiled, then timed in `repeats` rounds
-    that run the plain step and every K one after another; a K's cost is the median over rounds of
-    its time over the same round's plain time, so load that drifts on a shared machine hits both.
-    K = 0, 1 and the largest K are measured; K in between is interpolated linearly (drafting and
-    verifying grow about linearly in K), which saves a compilation per K.
+    drafts (K = 0: plain plus the drafter's sync). Both return (args[thread], outputs): that argument
+    (the KV cache) is donated and passed on from call to call, so its update is in place as in the
+    loop (an undonated cache is copied every call: at batch 16 that made K=3 look 20% cheaper than it
+    ran). Each is compiled, then timed in `repeats` rounds that run the plain step and every K one
+    after another; a K's cost is the median over rounds of its time over the same round's plain
+    time, so load that drifts on a shared machine hits both. K = 0, 1 and the largest K are
+    measured; K in between is interpolated linearly (drafting and verifying grow about linearly in
+    K), which saves a compilation per K.
     -> {"costs": float32[len(ks)], "plain_seconds": float, "seconds": time spent here}."""
     if key in _COSTS:
         return {**_COSTS[key], "seconds": 0.0}
     start = time.perf_counter()
     ends = sorted({k for k in ks if k <= 1} | {max(ks)})
-    plain_fn, spec_fns = jax.jit(plain_step), {k: jax.jit(spec_step(k)) for k in ends}
+    args = list(args)
+
+    def seconds(fn) -> float:
+        t = time.perf_counter()
+        args[thread], out = fn(*args)
+        jax.block_until_ready(out)
+        return time.perf_counter() - t
+
+    plain_fn = jax.jit(plain_step, donate_argnums=thread)
+    spec_fns = {k: jax.jit(spec_step(k), donate_argnums=thread) for k in ends}
     for fn in (plain_fn, *spec_fns.values()):
-        jax.block_until_ready(fn(*args))                      # compile and warm up
+        seconds(fn)                                           # compile and warm up
     plains, ratios = [], {k: [] for k in ends}
     for _ in range(repeats):
-        plains.append(_seconds(plain_fn, args))
+        plains.append(seconds(plain_fn))
         for k, fn in spec_fns.items():
-            ratios[k].append(_seconds(fn, args) / plains[-1])
+            ratios[k].append(seconds(fn) / plains[-1])
     timed = {k: float(np.median(r)) for k, r in ratios.items()}
     pos = [k for k in ends if k > 0]
     costs = np.asarray([timed[k] if k in timed else np.interp(k, pos, [timed[j] for j in pos]) for k in ks],
