@@ -310,15 +310,19 @@ def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling) -> dict:
     """policy.measure_costs for this model, drafter and batch size: one step with each K in ks against
     a plain target step, on a cache filled to the prompt lengths (measured at the first cache size
     seen; the ratios move little with it)."""
-    cfg, params, dparams = model.config, model.params, drafter.params_for(model)
+    cfg, params = model.config, model.params
     B, P = tokens.shape[0], max(ks) + 1
-    features = jnp.zeros((len(drafter.hidden_layers), B, tokens.shape[1], cfg.hidden_size), params["embed"].dtype)
-    dstate = drafter.init(dparams, jnp.asarray(tokens), lengths, cache.capacity, features)
-    history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
-    ctx = Context(history[jnp.arange(B), lengths - 1], history, lengths + 1, sampling,
-                  jnp.zeros(features.shape[:2] + (P, cfg.hidden_size), features.dtype))
-    cache = jax.tree_util.tree_map(jnp.copy, rollback(cache, lengths))    # a copy: the timing donates it
-    args = (params, dparams, cache, dstate, ctx, jax.random.PRNGKey(0))
+
+    def make_args():                                    # only when this key has not been measured yet
+        dparams = drafter.params_for(model)
+        features = jnp.zeros((len(drafter.hidden_layers), B, tokens.shape[1], cfg.hidden_size),
+                             params["embed"].dtype)
+        dstate = drafter.init(dparams, jnp.asarray(tokens), lengths, cache.capacity, features)
+        history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
+        ctx = Context(history[jnp.arange(B), lengths - 1], history, lengths + 1, sampling,
+                      jnp.zeros(features.shape[:2] + (P, cfg.hidden_size), features.dtype))
+        timed_cache = jax.tree_util.tree_map(jnp.copy, rollback(cache, lengths))   # a copy: the timing donates it
+        return params, dparams, timed_cache, dstate, ctx, jax.random.PRNGKey(0)
 
     # Every output is returned, caches and drafter state included: XLA drops work whose result is
     # unused, which removed the drafter's sync from K = 0 steps and the cache writes from all. The
@@ -338,7 +342,7 @@ def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling) -> dict:
 
     greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
     key = (cfg, drafter.static_key(), ks, B, greedy)    # one measurement serves every cache size
-    return policy.measure_costs(key, plain, spec, args, ks)
+    return policy.measure_costs(key, plain, spec, make_args, ks)
 
 
 def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,

@@ -97,12 +97,13 @@ def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Arr
 _COSTS: dict = {}
 
 
-def measure_costs(key: tuple, plain_step, spec_step, args: tuple, ks: tuple, repeats: int = 15,
+def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, repeats: int = 15,
                   thread: int = 2) -> dict:
     """Cost of one step with each candidate K in plain steps, measured once per key (cached).
 
-    plain_step(*args) is a target step without a drafter; spec_step(K)(*args) a full step with K
-    drafts (K = 0: plain plus the drafter's sync). Both return (args[thread], outputs): that argument
+    make_args() builds the steps' arguments, called only for a new key. plain_step(*args) is a target
+    step without a drafter; spec_step(K)(*args) a full step with K drafts (K = 0: plain plus the
+    drafter's sync). Both return (args[thread], outputs): that argument
     (the KV cache) is donated and passed on from call to call, so its update is in place as in the
     loop (an undonated cache is copied every call: at batch 16 that made K=3 look 20% cheaper than it
     ran). Each is compiled, then timed in `repeats` rounds that run the plain step and every K one
@@ -115,7 +116,7 @@ def measure_costs(key: tuple, plain_step, spec_step, args: tuple, ks: tuple, rep
         return {**_COSTS[key], "seconds": 0.0}
     start = time.perf_counter()
     ends = sorted({k for k in ks if k <= 1} | {max(ks)})
-    args = list(args)
+    args = list(make_args())
 
     def seconds(fn) -> float:
         t = time.perf_counter()
