@@ -183,8 +183,9 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
     ks: the K values of this loop (static). One value: fixed K, one lax.while_loop. Several
     (adaptive): policy.choose picks each step's K from the acceptance estimates (starting at prior
     float32[C], one per drafter context) and costs float32[len(ks)] (plain steps), at the end of
-    the step before. An outer loop switches to an inner while_loop per K, which runs steps while
-    the choice stays: a lax.switch around every step cost 4-7% of a plain step on XLA CPU.
+    the step before. An outer loop runs one inner while_loop per K in turn, each running steps while
+    the choice is its K: a lax.switch around every step cost 4-7% of a plain step on XLA CPU, and a
+    switch between the inner loops made XLA copy the KV cache on each entry into a K > 0 loop.
     -> (out int32[B, N+K+1], count int32[B], steps, accept stats, cache). The loop keeps one token
     buffer, `history` (prompt + output per row); the output is cut from it at the end."""
     TRACES["speculative"] += 1
@@ -257,9 +258,11 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
              "key": key, "steps": zero, "acc": acc, "features": features, "est": est}
     state["context"], state["choice"] = choose(state)
     if adaptive:
-        loops = [run_while_chosen(i) for i in range(len(ks))]
-        state = jax.lax.while_loop(lambda s: ~jnp.all(s["done"]),
-                                   lambda s: jax.lax.switch(s["choice"], loops, s), state)
+        def each_k_in_turn(s):
+            for i in range(len(ks)):
+                s = run_while_chosen(i)(s)
+            return s
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s["done"]), each_k_in_turn, state)
     else:
         state = run_while_chosen(0)(state)
     cols = lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
