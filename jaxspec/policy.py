@@ -3,8 +3,8 @@
 A step with K drafts emits (1 - a^(K+1)) / (1 - a) tokens per row on average (Leviathan et al.
 2023, eq. 1, a = per-token acceptance) and costs c_K plain decode steps, measured once per (model,
 drafter, batch size, sampling kind) at start-up. Each step takes the K in a small candidate set
-that maximises the batch's expected tokens per cost; K = 0 is a plain target step (the drafter only
-keeps its state in sync).
+that maximises the expected tokens per cost of the batch's worst active row; K = 0 is a plain
+target step (the drafter only keeps its state in sync).
 
 Acceptance is estimated per drafter context (Drafter.context: e.g. the length of NGram's match;
 one context for model drafters): the geometric-run maximum likelihood, accepted / trials, with
@@ -66,10 +66,15 @@ def expected_tokens(a: jax.Array, ks: jax.Array) -> jax.Array:
 
 def choose(est: Estimate, ks: tuple, costs: jax.Array, context: jax.Array, active: jax.Array) -> jax.Array:
     """Index into ks of the K for this step. costs float32[len(ks)]: c_K in plain steps; context
-    int32[B]: each row's drafter context; active bool[B]: rows still generating."""
+    int32[B]: each row's drafter context; active bool[B]: rows still generating.
+
+    The batch finishes when its last row does, so a step is judged by its worst active row: the K
+    that maximises that row's expected tokens per cost. Summing over rows instead let rows with long
+    NGram matches buy K > 0 steps that slowed the rows without one (batch 16: 0.9x plain)."""
     a = est.accepted[context] / est.trials[context]                              # [B]
     k = jnp.asarray(ks, jnp.float32)
-    tokens = jnp.where(active[:, None], expected_tokens(a[:, None], k[None]), 0.0).sum(0)   # [len(ks)]
+    per_row = jnp.where(active[:, None], expected_tokens(a[:, None], k[None]), jnp.inf)   # [B, len(ks)]
+    tokens = jnp.where(jnp.any(active), per_row.min(0), 1.0)                    # [len(ks)]
     best = jnp.argmax(tokens / costs).astype(jnp.int32)
     if ks[0] != 0:
         return best

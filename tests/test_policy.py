@@ -59,7 +59,7 @@ def test_choice_follows_acceptance_and_costs():
 
 def test_estimates_are_kept_per_context():
     """Rows in context 1 accept everything, rows in context 0 nothing: each context learns its own
-    rate, and the batch's choice weighs the rows it holds."""
+    rate, and the batch speculates only when no active row would be slowed (its worst row decides)."""
     est = policy.init_estimate((0.5, 0.5, 0.5))
     context, live = jnp.asarray([0, 1]), jnp.asarray([True, True])
     for _ in range(20):
@@ -68,9 +68,11 @@ def test_estimates_are_kept_per_context():
     assert float(a[0]) < 0.05 and float(a[1]) > 0.95 and float(a[2]) == 0.5      # context 2 never seen
     costs = jnp.asarray([1.0, 1.3, 1.6, 2.5])
     pick = lambda rows: KS[int(policy.choose(est, KS, costs, jnp.asarray(rows), jnp.ones(len(rows), bool)))]
-    assert pick([0]) == 0 and pick([1]) == 5 and pick([0, 0, 0, 1]) == 0 and pick([0, 1, 1]) == 5
-    # a finished row does not count
-    assert KS[int(policy.choose(est, KS, costs, jnp.asarray([0, 1]), jnp.asarray([True, False])))] == 0
+    assert pick([0]) == 0 and pick([1]) == 5 and pick([1, 1, 1]) == 5
+    assert pick([0, 1, 1]) == 0 and pick([0, 0, 0, 1]) == 0          # one row that keeps nothing: plain
+    # a finished row does not count, either way
+    live = lambda rows, active: KS[int(policy.choose(est, KS, costs, jnp.asarray(rows), jnp.asarray(active)))]
+    assert live([0, 1], [True, False]) == 0 and live([0, 1], [False, True]) == 5
 
 
 def test_probes_stay_within_budget_and_back_off():
