@@ -134,11 +134,12 @@ def batches(prompts_ids: list, batch: int) -> list:
 def step_cost(model, drafter, K: int, group: list, max_new_tokens: int, sampling) -> float:
     """Cost of one step with K drafts (drafting + verifying K+1 tokens), in plain decode steps, timed
     alone on the shapes generate() uses for this batch (jaxspec.policy.measure_costs)."""
-    from .generate import _step_costs, padded_batch
+    from .generate import LIVE_ATTENTION_MIN_BATCH, _step_costs, padded_batch
     from .sampling import row_params
 
     tokens, lengths, cache, _ = padded_batch(model, group, max_new_tokens, K + 1)
-    measured = _step_costs(model, drafter, (K,), tokens, lengths, cache, row_params(sampling, len(group)))
+    measured = _step_costs(model, drafter, (K,), tokens, lengths, cache, row_params(sampling, len(group)),
+                           len(group) >= LIVE_ATTENTION_MIN_BATCH)
     return float(measured["costs"][0])
 
 

@@ -27,7 +27,7 @@ DECAY = 0.9                 # weight of a context's past evidence, per new obser
 PRIOR_TRIALS = 2.0          # weight of the prior, in drafts
 PROBE_BUDGET = 0.02         # probes cost at most this share of the plain steps between them
 MIN_WAIT, MAX_WAIT = 8, 256
-PROBE_FLOOR = 0.05          # contexts estimated below this (NGram without a match) are not probed
+PROBE_FLOOR = 0.05          # no probe while an active row's context is below this (NGram without a match)
 
 
 def candidates(num_draft: int) -> tuple[int, ...]:
@@ -78,7 +78,9 @@ def choose(est: Estimate, ks: tuple, costs: jax.Array, context: jax.Array, activ
     best = jnp.argmax(tokens / costs).astype(jnp.int32)
     if ks[0] != 0:
         return best
-    probe = (best == 0) & (est.plain_run >= est.wait) & jnp.any(active & (a >= PROBE_FLOOR))
+    # a probe can only change the choice if it could lift the worst row: none may sit below the floor
+    probeable = jnp.any(active) & jnp.all(~active | (a >= PROBE_FLOOR))
+    probe = (best == 0) & (est.plain_run >= est.wait) & probeable
     return jnp.where(probe, 1, best)
 
 

@@ -88,3 +88,26 @@ def test_per_layer_and_stacked_layouts_agree():
         np.testing.assert_allclose(x, y, atol=1e-6)
     back = stack_layers(per_layer["layers"])
     assert all(np.array_equal(back[k], m.params["layers"][k]) for k in back)
+
+
+def test_live_attention_equals_attention_over_every_slot():
+    """attend_live reads only the first `live` slots in blocks with a running softmax; the rows it
+    serves get what attention over all S slots gives (the last block shifted back to fit in S)."""
+    from jaxspec.cache import attention_mask
+    from jaxspec.models.llama import attend, attend_live
+    for B, T, S, block in [(3, 1, 20, 8), (2, 4, 37, 16), (4, 2, 64, 128), (2, 1, 10, 4)]:
+        q, k, v = (jax.random.normal(jax.random.PRNGKey(i), shape) for i, shape in
+                   enumerate([(B, T, 4, 8), (B, S, 2, 8), (B, S, 2, 8)]))
+        length = jax.random.randint(jax.random.PRNGKey(B * S), (B,), 0, S - T + 1)
+        pos = length[:, None] + jnp.arange(T)[None]
+        full = attend(q, k, v, attention_mask(pos, S))
+        np.testing.assert_allclose(attend_live(q, k, v, pos, jnp.max(length) + T, block), full, atol=1e-5)
+    # through the model: a 300-slot cache (5 blocks of 64, the last shifted), rows of different lengths
+    m = tiny_model()
+    cache = forward(m.params, _ids(10, (2, 150)), init_cache(CFG, 2, 300), CFG)[2]
+    cache = rollback(cache, jnp.array([150, 61]))
+    for T in (1, 3):
+        nxt = _ids(11, (2, T))
+        ref = forward(m.params, nxt, cache, CFG)[0]
+        live = _forward(m.params, nxt, cache, CFG, (), jnp.int32(150 + T))[0]
+        np.testing.assert_allclose(live, ref, atol=1e-5)

@@ -38,6 +38,22 @@ def test_greedy_batch_rows_equal_single_rows(tiny):
         assert jaxspec.generate(tiny, [p], max_new_tokens=20).tokens[0] == row
 
 
+def test_live_attention_batches_equal_single_rows(tiny):
+    """From LIVE_ATTENTION_MIN_BATCH rows on, decode steps attend only over the slots in use (here 3
+    blocks of 64 in a 272-slot cache): greedy rows still equal the same prompts decoded one at a time
+    (full attention), plain and speculative (fixed and adaptive K)."""
+    from jaxspec.drafters import NGram
+    from jaxspec.generate import LIVE_ATTENTION_MIN_BATCH
+    prompts = [[(7 * i + j) % 90 + 1 for j in range(5 + 17 * i)] for i in range(LIVE_ATTENTION_MIN_BATCH + 1)]
+    single = [jaxspec.generate(tiny, [p], max_new_tokens=12).tokens[0] for p in prompts]
+    assert max(len(p) for p in prompts) > 128 and len({tuple(r) for r in single}) > 1
+    assert jaxspec.generate(tiny, prompts, max_new_tokens=12).tokens == single
+    for adaptive in (False, True):
+        out = jaxspec.generate(tiny, prompts, max_new_tokens=12, drafter=NGram(), num_draft_tokens=3,
+                               adaptive=adaptive)
+        assert out.tokens == single
+
+
 def test_per_row_limits_and_eos(tiny):
     out = jaxspec.generate(tiny, [[1, 2], [3, 4]], max_new_tokens=[3, 9])
     assert [len(t) for t in out.tokens] == [3, 9]

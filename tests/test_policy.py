@@ -94,6 +94,10 @@ def test_probes_stay_within_budget_and_back_off():
     assert all(chosen[i] == 1 for i in probes)               # probes use the smallest K
     assert probes[0] == wait and np.diff(probes).tolist() == [2 * wait + 1, 4 * wait + 1]  # failed: wait doubles
     assert run((0.0,))[0] == []                              # a context below PROBE_FLOOR is never probed
+    # nor a batch with one row there: the probe could not lift its worst row
+    est = policy.init_estimate((0.0, 0.2), wait)._replace(plain_run=jnp.int32(wait))
+    probe = lambda rows: KS[int(policy.choose(est, KS, costs, jnp.asarray(rows), jnp.ones(len(rows), bool)))]
+    assert probe([1, 1]) == 1 and probe([0, 1]) == 0
 
 
 def test_ngram_context_is_its_match_length_and_priors_come_from_metadata():

@@ -53,8 +53,46 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     return out.reshape(B, T, H, D)
 
 
-def _block(cfg: ModelConfig, x, cache: KVCache, p, layer, pos, cos, sin, mask):
-    """One decoder layer on x [B, T, E]; writes this layer's keys/values into the cache."""
+def attend_live(q: jax.Array, k: jax.Array, v: jax.Array, pos: jax.Array, live: jax.Array,
+                block: int = 64) -> jax.Array:
+    """attend() with the causal mask of pos int32[B, T] over the first `live` slots only (traced
+    int32: no query of interest sees past them), `block` slots at a time with a running softmax
+    (Milakov & Gimelshein 2018, as in flash-decoding). The static cache has S slots; at batch 64 a
+    decode step that reads all of them spends most of its time on empty ones.
+    q [B, T, H, D], k/v [B, S, G, D] -> [B, T, H, D]."""
+    B, T, H, D = q.shape
+    S, G = k.shape[1], k.shape[2]
+    block = min(block, S)
+    qg = q.reshape(B, T, G, H // G, D)
+    low = jnp.finfo(jnp.float32).min
+
+    def one_block(i, carry):
+        m, l, acc = carry                                      # [B, G, R, T], [B, G, R, T], [B, G, R, T, D]
+        start = jnp.minimum(i * block, S - block)             # the last block moves back to fit in S
+        kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=1)
+        vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=1)
+        slot = start + jnp.arange(block, dtype=jnp.int32)
+        seen = (slot[None, None, :] <= pos[:, :, None]) & (slot >= i * block)[None, None, :]   # [B, T, Sb]
+        s = jnp.einsum("btgrd,bsgd->bgrts", qg, kb, preferred_element_type=jnp.float32) / jnp.sqrt(D)
+        s = jnp.where(seen[:, None, None], s, low)
+        m_new = jnp.maximum(m, s.max(-1))
+        w = jnp.where(seen[:, None, None], jnp.exp(s - m_new[..., None]), 0.0)
+        scale = jnp.exp(m - m_new)
+        acc = acc * scale[..., None] + jnp.einsum("bgrts,bsgd->bgrtd", w.astype(vb.dtype), vb,
+                                                  preferred_element_type=jnp.float32)
+        return m_new, l * scale + w.sum(-1), acc
+
+    R = H // G
+    carry = (jnp.full((B, G, R, T), low), jnp.zeros((B, G, R, T)), jnp.zeros((B, G, R, T, D)))
+    blocks = jnp.clip((live + block - 1) // block, 1, -(-S // block))
+    _, l, acc = jax.lax.fori_loop(0, blocks, one_block, carry)
+    out = (acc / l[..., None]).astype(v.dtype)                # every query sees slot 0: l > 0
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D)
+
+
+def _block(cfg: ModelConfig, x, cache: KVCache, p, layer, pos, cos, sin, mask, live=None):
+    """One decoder layer on x [B, T, E]; writes this layer's keys/values into the cache. live: see
+    forward_hidden."""
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = jnp.einsum("bte,ehd->bthd", h, p["wq"])
     k = jnp.einsum("bte,egd->btgd", h, p["wk"])
@@ -63,7 +101,10 @@ def _block(cfg: ModelConfig, x, cache: KVCache, p, layer, pos, cos, sin, mask):
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     cache = write_layer(cache, layer, k, v, pos)
-    attn = attend(q, cache.k[layer], cache.v[layer], mask)
+    if live is None:
+        attn = attend(q, cache.k[layer], cache.v[layer], mask)
+    else:
+        attn = attend_live(q, cache.k[layer], cache.v[layer], pos, live)
     B, T, H, D = attn.shape            # contract (h, d) as one axis: XLA CPU runs the 2-axis einsum 4x slower
     x = x + jnp.einsum("btk,ke->bte", attn.reshape(B, T, H * D), p["wo"].reshape(H * D, -1))
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
@@ -74,12 +115,14 @@ def _block(cfg: ModelConfig, x, cache: KVCache, p, layer, pos, cos, sin, mask):
 
 
 def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
-                   hidden_layers: tuple[int, ...] = ()):
+                   hidden_layers: tuple[int, ...] = (), live=None):
     """Run T >= 1 new tokens per row through the decoder.
 
     tokens int32[B, T] are written at slots cache.length[b] + t. Returns
     (x [B, T, E] after the final norm, hidden [len(hidden_layers), B, T, E], cache with length += T).
     hidden_layers index the residual stream: 0 = embeddings, j = output of layer j (1..L).
+    live (traced int32, optional): attention reads only the first `live` slots (attend_live); rows
+    whose length + T exceeds it get wrong outputs, so pass the largest over the rows that matter.
     """
     B, T = tokens.shape
     for j in hidden_layers:
@@ -94,7 +137,7 @@ def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
     def step(carry, xs):
         x, cache = carry
         p, layer = xs
-        x, cache = _block(cfg, x, cache, p, layer, pos, cos, sin, mask)
+        x, cache = _block(cfg, x, cache, p, layer, pos, cos, sin, mask, live)
         return (x, cache), (x if collect else None)
 
     layers = params["layers"]
@@ -108,7 +151,7 @@ def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
     else:                                                          # per-layer: unrolled
         stream = [x]                                               # residual stream, L+1 entries
         for i, p in enumerate(layers):
-            x, cache = _block(cfg, x, cache, p, i, pos, cos, sin, mask)
+            x, cache = _block(cfg, x, cache, p, i, pos, cos, sin, mask, live)
             stream.append(x)
         if collect:
             hidden = jnp.stack([stream[j] for j in hidden_layers])
@@ -152,9 +195,9 @@ def lm_head_rows(params, ids: jax.Array) -> jax.Array:
 
 
 def forward(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
-            hidden_layers: tuple[int, ...] = ()):
+            hidden_layers: tuple[int, ...] = (), live=None):
     """forward(params, tokens[B,T], cache) -> (logits float32[B,T,V], hidden [N,B,T,E], cache)."""
-    x, hidden, cache = forward_hidden(params, tokens, cache, cfg, hidden_layers)
+    x, hidden, cache = forward_hidden(params, tokens, cache, cfg, hidden_layers, live)
     return lm_head(params, x), hidden, cache
 
 
