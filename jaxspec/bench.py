@@ -144,10 +144,16 @@ def step_cost(model, drafter, K: int, group: list, max_new_tokens: int, sampling
 
 
 def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, batch: int = 1,
-                   sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True) -> dict:
+                   sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True,
+                   repeats: int = 1) -> dict:
     """Plain decoding, each drafter at each fixed K and (adaptive=True) with adaptive K up to max(ks),
     on groups of `batch` prompts, each group run by every decoder in turn. Compiling (and measuring
-    the adaptive policy's costs) runs first on the first group and is reported apart."""
+    the adaptive policy's costs) runs first on the first group and is reported apart.
+
+    repeats > 1 runs everything that many times, the decoders' order rotated by one each time, and
+    adds each repeat's speedups ("speedups", "decode_speedups"): the spread is this run's noise."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     from .generate import generate
     from .sampling import Sampling
 
@@ -160,23 +166,31 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
     run = lambda group, d, k, ad: generate(model, group, max_new_tokens=max_new_tokens, sampling=sampling,
                                            drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed)
     desc = f"bench: batch {batch}, temperature {sampling.temperature:g}"
-    bar = tqdm(total=len(configs) * (len(groups) + 1), desc=desc, unit="run", disable=not progress)
+    bar = tqdm(total=len(configs) * (repeats * len(groups) + 1), desc=desc, unit="run", disable=not progress)
     compile_s = {}
     for label, d, k, ad in configs:
         compile_s[label] = run(groups[0], d, k, ad).stats.compile_seconds
         bar.update(1)
-    runs = {label: [] for label, *_ in configs}
-    for group in groups:
-        for label, d, k, ad in configs:
-            runs[label].append(run(group, d, k, ad).stats)
-            bar.update(1)
+    runs = {label: [[] for _ in range(repeats)] for label, *_ in configs}     # [repeat][group] stats
+    for rep in range(repeats):
+        order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+        for group in groups:
+            for label, d, k, ad in order:
+                runs[label][rep].append(run(group, d, k, ad).stats)
+                bar.update(1)
     bar.close()
-    plain = _aggregate(runs["plain"])
+    plain = _aggregate(sum(runs["plain"], []))
+    plain_reps = [_aggregate(rep) for rep in runs["plain"]]
     result = {}
     for label, d, k, ad in configs:
-        r = {**_aggregate(runs[label]), "compile_seconds": compile_s[label], "K": k, "adaptive": ad}
+        r = {**_aggregate(sum(runs[label], [])), "compile_seconds": compile_s[label], "K": k, "adaptive": ad}
         r["speedup"] = r["tokens_per_second"] / plain["tokens_per_second"]
         r["decode_speedup"] = r["decode_tokens_per_second"] / plain["decode_tokens_per_second"]
+        if repeats > 1:
+            reps = [_aggregate(rep) for rep in runs[label]]
+            r["speedups"] = [a["tokens_per_second"] / p["tokens_per_second"] for a, p in zip(reps, plain_reps)]
+            r["decode_speedups"] = [a["decode_tokens_per_second"] / p["decode_tokens_per_second"]
+                                    for a, p in zip(reps, plain_reps)]
         if d is not None and not ad:          # Leviathan: tokens per step / cost of a step (plain steps)
             r["step_cost"] = step_cost(model, d, k, groups[0], max_new_tokens, sampling)
             r["predicted_speedup"] = r["mean_accepted_length"] / r["step_cost"]
@@ -215,7 +229,7 @@ def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_i
 
 def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: int,
         peer: str | None, out_dir: str | None, drafters=("ngram",), ks=(5,), batch_sizes=(1,),
-        temperatures=(0.0,), adaptive: bool = True) -> dict:
+        temperatures=(0.0,), adaptive: bool = True, repeats: int = 1) -> dict:
     from .loading import load
     from .loading.registry import NAMED_MODELS, resolve_named
     from .sampling import Sampling
@@ -228,11 +242,11 @@ def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: i
     made = {spec: make_drafter(spec, model) for spec in drafters}
     result = {"model": model_name, "backend": jax.default_backend(), "prompts": len(ids),
               "prompt_file": prompt_file or DEFAULT_PROMPTS, "max_new_tokens": max_new_tokens,
-              "ks": list(ks), "adaptive": adaptive, "runs": []}
+              "ks": list(ks), "adaptive": adaptive, "repeats": repeats, "runs": []}
     for temperature in temperatures:
         for batch in batch_sizes:
             decoders = bench_decoders(model, ids, max_new_tokens, made, ks, batch, Sampling(temperature=temperature),
-                                      adaptive)
+                                      adaptive, repeats=repeats)
             result["runs"].append({"batch": batch, "temperature": temperature, "decoders": decoders})
             print(f"batch {batch}, temperature {temperature}: " + ", ".join(
                 f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)
@@ -289,10 +303,18 @@ def _acc(d: dict) -> str:
             + " ".join(f"{a:.2f}" for a in d["per_position_acceptance"]))
 
 
+def _times(d: dict, key: str) -> str:
+    """A speedup, with the range over repeats when there were several: '0.98x (0.95-1.02)'."""
+    reps = d.get(key + "s")
+    spread = f" ({min(reps):.2f}-{max(reps):.2f})" if reps else ""
+    return f"{d[key]:.2f}x{spread}"
+
+
 def markdown(r: dict) -> str:
     lines = [f"Model {r['model']} on {r['backend']}, {r['prompts']} prompts, up to {r['max_new_tokens']} new "
              "tokens. Speedup: tokens/s over plain decoding at the same batch size and sampling, same run, "
-             "prompt pass included; decode: the same after each row's first token (the prompt pass apart). "
+             "prompt pass included; decode: the same after each row's first token (the prompt pass apart); "
+             f"{r.get('repeats', 1)} repeat(s), in brackets the range over repeats. "
              "Predicted: Leviathan et al. from the measured mean accepted length and step cost (drafting K + "
              "verifying K+1 tokens, timed alone, in plain steps), to compare with the decode speedup.\n"]
     for run in r["runs"]:
@@ -304,8 +326,8 @@ def markdown(r: dict) -> str:
             pred = (f"{d['predicted_speedup']:.2f}x | {d['step_cost']:.2f}" if "predicted_speedup" in d
                     else "- | -")
             used = " ".join(f"{k}:{n}" for k, n in d.get("steps_per_k", {}).items() if n) or "-"
-            lines.append(f"| {name} | {d['tokens_per_second']:.2f} | {d['speedup']:.2f}x | "
-                         f"{d['decode_tokens_per_second']:.2f} | {d['decode_speedup']:.2f}x | {pred} | {_acc(d)} | "
+            lines.append(f"| {name} | {d['tokens_per_second']:.2f} | {_times(d, 'speedup')} | "
+                         f"{d['decode_tokens_per_second']:.2f} | {_times(d, 'decode_speedup')} | {pred} | {_acc(d)} | "
                          f"{used} | {d['compile_seconds']:.1f} |")
     if "transformers" in r:
         t = r["transformers"]

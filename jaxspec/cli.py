@@ -87,7 +87,7 @@ def cmd_bench(args) -> int:
         raise ValueError("-k and --batch-sizes need values >= 1, --temperatures values >= 0")
     result = bench.run(args.model, args.prompts, args.num_prompts, args.max_new_tokens, args.peer, args.out,
                        drafters=drafters, ks=ks, batch_sizes=batch_sizes, temperatures=temperatures,
-                       adaptive=not args.no_adaptive)
+                       adaptive=not args.no_adaptive, repeats=args.repeats)
     print(bench.markdown(result))
     return 0
 
@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,4,16,64")
     b.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7 (0 = greedy)")
     b.add_argument("--no-adaptive", action="store_true", help="fixed K only: leave out adaptive speculation")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="run every decoder this many times (order rotated), with the range of its speedups")
     for plugin in entry_points(group="jaxspec.commands"):   # e.g. `train`, from the train package
         plugin.load()(sub)
     return parser

@@ -28,6 +28,23 @@ def test_bench_decoders_fixed_and_adaptive():
     assert bench.batches([[1], [2]], 4) == [[[1], [2], [1], [2]]]
 
 
+def test_bench_repeats_rotate_decoders_and_give_each_repeats_speedup():
+    m = tiny_model()
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6, 7]]
+    result = bench.bench_decoders(m, prompts, 6, {"ngram": NGram()}, ks=(2,), batch=1, repeats=3)
+    for label, d in result.items():
+        assert d["tokens"] == 3 * 2 * 6                             # every repeat ran both prompts
+        assert len(d["speedups"]) == len(d["decode_speedups"]) == 3
+        assert min(d["speedups"]) <= d["speedup"] * (1 + 1e-9) and max(d["speedups"]) >= d["speedup"] * (1 - 1e-9)
+    assert result["plain"]["speedups"] == [1.0, 1.0, 1.0]
+    table = bench.markdown({"model": "tiny", "backend": "cpu", "prompts": 2, "max_new_tokens": 6, "repeats": 3,
+                            "runs": [{"batch": 1, "temperature": 0.0, "decoders": result}]})
+    lo, hi = min(result["ngram K=2"]["speedups"]), max(result["ngram K=2"]["speedups"])
+    assert f"x ({lo:.2f}-{hi:.2f})" in table and "3 repeat(s)" in table
+    with pytest.raises(ValueError, match="repeats"):
+        bench.bench_decoders(m, prompts, 6, {}, ks=(2,), repeats=0)
+
+
 def test_bench_run_writes_json_table_and_plots(tmp_path):
     import json
 
