@@ -143,6 +143,12 @@ def step_cost(model, drafter, K: int, group: list, max_new_tokens: int, sampling
     return float(measured["costs"][0])
 
 
+def _speedups(agg: dict, plain: dict) -> dict:
+    """Tokens/s of an aggregate over plain's, with and without the prompt pass."""
+    return {"speedup": agg["tokens_per_second"] / plain["tokens_per_second"],
+            "decode_speedup": agg["decode_tokens_per_second"] / plain["decode_tokens_per_second"]}
+
+
 def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, batch: int = 1,
                    sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True,
                    repeats: int = 1) -> dict:
@@ -184,13 +190,11 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
     result = {}
     for label, d, k, ad in configs:
         r = {**_aggregate(sum(runs[label], [])), "compile_seconds": compile_s[label], "K": k, "adaptive": ad}
-        r["speedup"] = r["tokens_per_second"] / plain["tokens_per_second"]
-        r["decode_speedup"] = r["decode_tokens_per_second"] / plain["decode_tokens_per_second"]
+        r.update(_speedups(r, plain))
         if repeats > 1:
-            reps = [_aggregate(rep) for rep in runs[label]]
-            r["speedups"] = [a["tokens_per_second"] / p["tokens_per_second"] for a, p in zip(reps, plain_reps)]
-            r["decode_speedups"] = [a["decode_tokens_per_second"] / p["decode_tokens_per_second"]
-                                    for a, p in zip(reps, plain_reps)]
+            reps = [_speedups(_aggregate(rep), p) for rep, p in zip(runs[label], plain_reps)]
+            r["speedups"] = [x["speedup"] for x in reps]
+            r["decode_speedups"] = [x["decode_speedup"] for x in reps]
         if d is not None and not ad:          # Leviathan: tokens per step / cost of a step (plain steps)
             r["step_cost"] = step_cost(model, d, k, groups[0], max_new_tokens, sampling)
             r["predicted_speedup"] = r["mean_accepted_length"] / r["step_cost"]

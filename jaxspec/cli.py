@@ -83,8 +83,8 @@ def cmd_bench(args) -> int:
     ks = _numbers(args.k, int, "-k")
     batch_sizes = _numbers(args.batch_sizes, int, "--batch-sizes")
     temperatures = _numbers(args.temperatures, float, "--temperatures")
-    if min(ks) < 1 or min(batch_sizes) < 1 or min(temperatures) < 0:
-        raise ValueError("-k and --batch-sizes need values >= 1, --temperatures values >= 0")
+    if min(ks) < 1 or min(batch_sizes) < 1 or min(temperatures) < 0 or args.repeats < 1:
+        raise ValueError("-k, --batch-sizes and --repeats need values >= 1, --temperatures values >= 0")
     result = bench.run(args.model, args.prompts, args.num_prompts, args.max_new_tokens, args.peer, args.out,
                        drafters=drafters, ks=ks, batch_sizes=batch_sizes, temperatures=temperatures,
                        adaptive=not args.no_adaptive, repeats=args.repeats)

@@ -28,10 +28,23 @@ def test_bench_decoders_fixed_and_adaptive():
     assert bench.batches([[1], [2]], 4) == [[[1], [2], [1], [2]]]
 
 
-def test_bench_repeats_rotate_decoders_and_give_each_repeats_speedup():
+def test_bench_repeats_rotate_decoders_and_give_each_repeats_speedup(monkeypatch):
+    import importlib
+
+    gen = importlib.import_module("jaxspec.generate")
+    calls, real = [], gen.generate
+
+    def recorded(model, group, **kw):
+        calls.append((kw["drafter"] is not None, kw["adaptive"], tuple(map(tuple, group))))
+        return real(model, group, **kw)
+
+    monkeypatch.setattr(gen, "generate", recorded)
     m = tiny_model()
     prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6, 7]]
     result = bench.bench_decoders(m, prompts, 6, {"ngram": NGram()}, ks=(2,), batch=1, repeats=3)
+    plain, fixed, adapt = (False, False), (True, False), (True, True)
+    timed = [c[:2] for c in calls[3:] if c[2] == (tuple(prompts[0]),)]        # after the 3 compile runs
+    assert timed == [plain, fixed, adapt, fixed, adapt, plain, adapt, plain, fixed]   # order rotated per repeat
     for label, d in result.items():
         assert d["tokens"] == 3 * 2 * 6                             # every repeat ran both prompts
         assert len(d["speedups"]) == len(d["decode_speedups"]) == 3
