@@ -81,6 +81,25 @@ def test_every_generate_call_has_the_same_rows(tmp_path, prompt_file, monkeypatc
         assert ids[p:].tolist() == real(m, [ids[:p].tolist()], max_new_tokens=5).tokens[0]
 
 
+def test_more_prompts_extend_the_data(tmp_path, prompt_file):
+    m = tiny_model()
+    kw = dict(heldout=4, max_new_tokens=4, batch_size=4, shard_size=8, progress=False)
+    out, fresh = str(tmp_path / "data"), str(tmp_path / "fresh")
+    data.make_data(m, prompt_file, out, num_prompts=12, **kw)          # shard 1 holds 4 of its 8 prompts
+    first = open(os.path.join(out, "shard-00000.npz"), "rb").read()
+    manifest = data.make_data(m, prompt_file, out, num_prompts=20, **kw)
+    assert manifest["settings"]["num_prompts"] == 20
+    assert open(os.path.join(out, "shard-00000.npz"), "rb").read() == first      # kept, not made again
+    data.make_data(m, prompt_file, fresh, num_prompts=20, **kw)
+    assert _shards(out) == _shards(fresh) == ["shard-00000.npz", "shard-00001.npz", "shard-00002.npz"]
+    for name in _shards(out):
+        with np.load(os.path.join(out, name)) as a, np.load(os.path.join(fresh, name)) as b:
+            assert a["prompt_index"].tolist() == b["prompt_index"].tolist()
+            assert a["tokens"].tolist() == b["tokens"].tolist()
+    with pytest.raises(ValueError, match="not shrink"):
+        data.make_data(m, prompt_file, out, num_prompts=16, **kw)
+
+
 def test_settings_guard_and_bad_input(tmp_path, prompt_file):
     m = tiny_model()
     out = str(tmp_path / "data")

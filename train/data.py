@@ -42,7 +42,9 @@ def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, h
               shard_size: int = 64, seed: int = 0, progress: bool = True) -> dict:
     """Generate (or resume) answers for `num_prompts` shuffled prompts; -> the manifest dict.
 
-    The first `heldout` of the shuffled prompts are kept out of the data (acceptance checks)."""
+    The first `heldout` of the shuffled prompts are kept out of the data (acceptance checks). Calling
+    again with a larger num_prompts and otherwise the same settings extends the data: the shuffled order
+    continues and the existing shards are kept."""
     from jaxspec import generate
 
     texts = read_prompt_file(prompts_path)
@@ -58,10 +60,18 @@ def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, h
     manifest_path = os.path.join(out_dir, MANIFEST)
     if os.path.isfile(manifest_path):
         with open(manifest_path) as f:
-            old = json.load(f)
-        if old["settings"] != settings:
-            raise ValueError(f"{out_dir} holds data made with other settings: {old['settings']} "
+            old = json.load(f)["settings"]
+        if {**old, "num_prompts": num_prompts} != settings:
+            raise ValueError(f"{out_dir} holds data made with other settings: {old} "
                              f"(now {settings}); use another --out or the same settings")
+        if num_prompts < old["num_prompts"]:
+            raise ValueError(f"{out_dir} holds answers for {old['num_prompts']} prompts; --num-prompts can grow "
+                             f"(the same shuffled order continues) but not shrink")
+        partial = old["num_prompts"] % shard_size
+        if partial and num_prompts > old["num_prompts"]:     # its last shard gains prompts: make it again
+            last = _shard_path(out_dir, old["num_prompts"] // shard_size)
+            if os.path.isfile(last):
+                os.remove(last)
     manifest = {"settings": settings, "heldout_prompt_indices": heldout_idx.tolist()}
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1)
