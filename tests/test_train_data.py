@@ -98,6 +98,8 @@ def test_more_prompts_extend_the_data(tmp_path, prompt_file):
             assert a["tokens"].tolist() == b["tokens"].tolist()
     with pytest.raises(ValueError, match="not shrink"):
         data.make_data(m, prompt_file, out, num_prompts=16, **kw)
+    with pytest.raises(ValueError, match="keeps out other prompts"):
+        data.make_data(m, prompt_file, out, num_prompts=20, **{**kw, "heldout": 5})
 
 
 def test_settings_guard_and_bad_input(tmp_path, prompt_file):

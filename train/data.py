@@ -60,7 +60,11 @@ def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, h
     manifest_path = os.path.join(out_dir, MANIFEST)
     if os.path.isfile(manifest_path):
         with open(manifest_path) as f:
-            old = json.load(f)["settings"]
+            old_manifest = json.load(f)
+        old = old_manifest["settings"]
+        if old_manifest["heldout_prompt_indices"] != heldout_idx.tolist():
+            raise ValueError(f"{out_dir} keeps out other prompts ({len(old_manifest['heldout_prompt_indices'])} "
+                             f"held out, now {heldout}); use the same --heldout or another --out")
         if {**old, "num_prompts": num_prompts} != settings:
             raise ValueError(f"{out_dir} holds data made with other settings: {old} "
                              f"(now {settings}); use another --out or the same settings")
