@@ -62,12 +62,12 @@ def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, h
         with open(manifest_path) as f:
             old_manifest = json.load(f)
         old = old_manifest["settings"]
-        if old_manifest["heldout_prompt_indices"] != heldout_idx.tolist():
-            raise ValueError(f"{out_dir} keeps out other prompts ({len(old_manifest['heldout_prompt_indices'])} "
-                             f"held out, now {heldout}); use the same --heldout or another --out")
         if {**old, "num_prompts": num_prompts} != settings:
             raise ValueError(f"{out_dir} holds data made with other settings: {old} "
                              f"(now {settings}); use another --out or the same settings")
+        if old_manifest["heldout_prompt_indices"] != heldout_idx.tolist():
+            raise ValueError(f"{out_dir} keeps out other prompts ({len(old_manifest['heldout_prompt_indices'])} "
+                             f"held out, now {heldout}); use the same --heldout or another --out")
         if num_prompts < old["num_prompts"]:
             raise ValueError(f"{out_dir} holds answers for {old['num_prompts']} prompts; --num-prompts can grow "
                              f"(the same shuffled order continues) but not shrink")
