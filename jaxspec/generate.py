@@ -263,7 +263,7 @@ def _speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_
         return lambda s: jax.lax.while_loop(lambda s: ~jnp.all(s["done"]) & (s["choice"] == choice),
                                             functools.partial(step, choice), s)
 
-    est = policy.init_estimate(prior, policy.first_wait(ks, costs) if adaptive else policy.MIN_WAIT)
+    est = policy.init_estimate(prior)
     state = {"cache": cache, "last": first, "history": history, "count": count,
              "done": jnp.isin(first, eos_ids) | (count >= limits),
              "dstate": drafter.init(dparams, tokens, lengths, cache.capacity, prompt_features),
@@ -372,7 +372,8 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     num_draft_tokens (K) tokens that one target pass verifies (lossless rejection sampling).
     adaptive=True (jaxspec/policy.py) picks each step's K in policy.candidates(K), 0 (a plain step)
     included, from running acceptance estimates and step costs measured on first use for this
-    batch size; when the drafter's prior acceptance makes no K pay, it decodes plainly. adaptive=False: K fixed.
+    batch size; when neither the drafter's prior acceptance makes some K pay nor waiting at K = 0 is
+    about as cheap as a plain step (policy.speculation_can_pay), it decodes plainly. adaptive=False: K fixed.
     Returns tokens, texts and stats.
     """
     cfg: ModelConfig = model.config

@@ -10,9 +10,10 @@ Acceptance is estimated per drafter context (Drafter.context: e.g. the length of
 one context for model drafters): the geometric-run maximum likelihood, accepted / trials, with
 trials = drafts up to and including the first rejection, decayed per observation so it follows the
 text, and starting from the drafter's prior (a shipped head's held-out acceptance). When K = 0 is
-chosen no evidence comes in, so after `wait` plain steps one step probes with the smallest K > 0.
-The first wait keeps probes under PROBE_BUDGET of the plain steps' time; it doubles after each
-probe that finds nothing and resets when speculation is chosen again.
+chosen no evidence comes in, so after some plain steps one step probes with the best K > 0. The
+wait is the probe's expected loss under the current estimate (its cost less the plain steps its
+expected tokens would take) over PROBE_BUDGET: an estimate just below break-even is probed again
+after a step or two, a hopeless one rarely, and probes cost about PROBE_BUDGET of the plain steps.
 """
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-DECAY = 0.9                 # weight of a context's past evidence, per new observation of it
+DECAY = 0.95                # weight of a context's past evidence, per new observation of it
 PRIOR_TRIALS = 2.0          # weight of the prior, in drafts
-PROBE_BUDGET = 0.02         # probes cost at most this share of the plain steps between them
-MIN_WAIT, MAX_WAIT = 8, 256
+PROBE_BUDGET = 0.02         # expected loss of probes, as a share of the plain steps between them
+MIN_WAIT, MAX_WAIT = 1, 256  # plain steps before a probe
 PROBE_FLOOR = 0.05          # no probe while an active row's context is below this (NGram without a match)
 
 
@@ -39,23 +40,12 @@ class Estimate(NamedTuple):
     accepted: jax.Array     # float32[C]: decayed accepted drafts per context
     trials: jax.Array       # float32[C]: decayed drafts tested (up to and including the first rejection)
     plain_run: jax.Array    # int32: consecutive K = 0 steps
-    wait: jax.Array         # int32: plain steps before the next probe
-    first_wait: jax.Array   # int32: the wait after speculation was chosen
 
 
-def first_wait(ks: tuple, costs: jax.Array) -> jax.Array:
-    """Plain steps between probes so that a failed probe (extra cost c_k - 1, k the smallest K > 0)
-    costs at most PROBE_BUDGET of them, within [MIN_WAIT, MAX_WAIT]."""
-    i = min(j for j, k in enumerate(ks) if k > 0)
-    wait = jnp.ceil((jnp.asarray(costs, jnp.float32)[i] - 1.0) / PROBE_BUDGET)
-    return jnp.clip(wait, MIN_WAIT, MAX_WAIT).astype(jnp.int32)
-
-
-def init_estimate(prior, wait=MIN_WAIT) -> Estimate:
+def init_estimate(prior) -> Estimate:
     """prior float32[C]: assumed acceptance per context before any evidence (weight PRIOR_TRIALS)."""
     prior = jnp.asarray(prior, jnp.float32)
-    wait = jnp.asarray(wait, jnp.int32)
-    return Estimate(prior * PRIOR_TRIALS, jnp.full_like(prior, PRIOR_TRIALS), jnp.int32(0), wait, wait)
+    return Estimate(prior * PRIOR_TRIALS, jnp.full_like(prior, PRIOR_TRIALS), jnp.int32(0))
 
 
 def expected_tokens(a: jax.Array, ks: jax.Array) -> jax.Array:
@@ -75,13 +65,17 @@ def choose(est: Estimate, ks: tuple, costs: jax.Array, context: jax.Array, activ
     k = jnp.asarray(ks, jnp.float32)
     per_row = jnp.where(active[:, None], expected_tokens(a[:, None], k[None]), jnp.inf)   # [B, len(ks)]
     tokens = jnp.where(jnp.any(active), per_row.min(0), 1.0)                    # [len(ks)]
-    best = jnp.argmax(tokens / costs).astype(jnp.int32)
+    rate = tokens / costs
+    best = jnp.argmax(rate).astype(jnp.int32)
     if ks[0] != 0:
         return best
+    spec = (1 + jnp.argmax(rate[1:])).astype(jnp.int32)                         # the best K > 0
+    loss = costs[spec] - tokens[spec] * costs[0]           # >= 0 when K = 0 is best: time lost by probing
+    wait = jnp.clip(jnp.ceil(loss / PROBE_BUDGET), MIN_WAIT, MAX_WAIT)
     # a probe can only change the choice if it could lift the worst row: none may sit below the floor
     probeable = jnp.any(active) & jnp.all(~active | (a >= PROBE_FLOOR))
-    probe = (best == 0) & (est.plain_run >= est.wait) & probeable
-    return jnp.where(probe, 1, best)
+    probe = (best == 0) & (est.plain_run >= wait) & probeable
+    return jnp.where(probe, spec, best)
 
 
 def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Array,
@@ -93,12 +87,7 @@ def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Arr
     seen = zeros.at[context].add(live.astype(jnp.float32)) > 0
     acc = jnp.where(seen, DECAY * est.accepted, est.accepted) + zeros.at[context].add(jnp.where(live, num_accepted, 0))
     trials = jnp.where(seen, DECAY * est.trials, est.trials) + zeros.at[context].add(jnp.where(live, tried, 0))
-    was_probe = (K > 0) & (est.plain_run >= est.wait)
-    wait = jnp.where(was_probe & (jnp.where(live, num_accepted, 0).sum() == 0),
-                     jnp.minimum(2 * est.wait, MAX_WAIT), est.wait)
-    wait = jnp.where((K > 0) & ~was_probe, est.first_wait, wait)
-    return est._replace(accepted=acc, trials=trials, plain_run=jnp.where(K == 0, est.plain_run + 1, 0),
-                        wait=wait.astype(jnp.int32))
+    return est._replace(accepted=acc, trials=trials, plain_run=jnp.where(K == 0, est.plain_run + 1, 0))
 
 
 _COSTS: dict = {}
@@ -149,10 +138,14 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, repea
 
 
 def speculation_can_pay(ks: tuple, costs, prior) -> bool:
-    """Whether to run the adaptive loop at all: True when, for some drafter context, the prior
-    acceptance (float32[C], e.g. a head's held-out acceptance) makes some K > 0 worth more tokens
-    per cost than a plain step. Otherwise the loop would start at K = 0 and pay for probes and the
-    drafter's sync in every plain step on the chance that the text proves easier than the prior;
-    on this project's CPU that lost 8-17% (docs in README, Measured)."""
-    prior = np.asarray(prior, np.float32)
-    return any(k > 0 and float(np.max(expected_tokens(prior, k))) / c > 1.0 for k, c in zip(ks, np.asarray(costs)))
+    """Whether to run the adaptive loop at all (costs float32[len(ks)], prior float32[C], e.g. a
+    head's held-out acceptance). True when, for some drafter context, the prior makes some K > 0
+    worth more tokens per cost than a plain step; or when a K = 0 step (plain step plus the
+    drafter's sync) costs at most 1 + PROBE_BUDGET plain steps and some K could pay at full
+    acceptance: waiting at K = 0 then costs little more than the probes, which find out whether
+    the text is easier than the prior. Otherwise the loop would pay for the sync in every plain
+    step; on this project's CPU that lost 8-17% (docs in README, Measured)."""
+    prior, costs = np.asarray(prior, np.float32), np.asarray(costs, np.float32)
+    pays = lambda a: any(k > 0 and float(np.max(expected_tokens(a, k))) / c > 1.0 for k, c in zip(ks, costs))
+    cheap_wait = ks[0] == 0 and costs[0] <= 1.0 + PROBE_BUDGET
+    return pays(prior) or (cheap_wait and pays(np.ones_like(prior)))

@@ -63,6 +63,32 @@ def test_incremental_drafting_matches_one_shot_pairs():
     np.testing.assert_allclose(q[0, 0], _one_shot_q(m, e, prompt + [first, corr]), atol=1e-5)
 
 
+def test_drafting_after_plain_steps_matches_one_shot_pairs():
+    """Plain steps (sync: features stored, no head pass) over more than CATCH_UP positions, then a
+    propose that writes the skipped pairs in chunks: its draft equals the one-shot computation."""
+    from jaxspec.drafters.eagle import CATCH_UP
+
+    m, e = tiny_model(), _eagle()
+    params = e.params_for(m)
+    prompt, K, S = [5, 9, 2, 7, 7, 1], 2, 64
+    seq = prompt + [int(t) for t in np.random.RandomState(0).randint(1, TINY.vocab_size, CATCH_UP + 5)]
+    sampling = row_params(Sampling(temperature=1.0), 1)
+    cache = forward(m.params, jnp.asarray([prompt]), init_cache(TINY, 1, S), TINY, LAYERS)
+    prompt_feats, cache = cache[1], cache[2]
+    state = e.init(params, jnp.asarray([prompt]), jnp.asarray([len(prompt)]), S, prompt_feats)
+    history = jnp.zeros((1, S + K + 1), jnp.int32).at[0, :len(seq)].set(jnp.asarray(seq))
+    feats = jnp.zeros((3, 1, K + 1, TINY.hidden_size)).at[:, :, 0].set(prompt_feats[:, :, -1])
+    for t in range(len(prompt), len(seq) - 1):           # a plain step: the target takes seq[t]
+        ctx = Context(jnp.asarray([seq[t]]), history, jnp.asarray([t + 1]), sampling, feats)
+        state = e.commit(params, e.sync(params, state, ctx), ctx, jnp.asarray([0]))
+        step_feats, cache = forward(m.params, jnp.asarray([[seq[t]]]), cache, TINY, LAYERS)[1:]
+        feats = jnp.zeros_like(feats).at[:, :, :1].set(step_feats)
+    ctx = Context(jnp.asarray([seq[-1]]), history, jnp.asarray([len(seq)]), sampling, feats)
+    _, q, state = e.propose(params, state, ctx, jax.random.PRNGKey(0), K)
+    np.testing.assert_allclose(q[0, 0], _one_shot_q(m, e, seq), atol=1e-5)
+    assert int(state[2][0]) == len(seq) - 1                 # every pair up to the target's length written
+
+
 @pytest.mark.parametrize("K", [1, 3])
 def test_eagle_greedy_lossless_and_sampling_set(K):
     m, e = tiny_model(), _eagle()

@@ -51,9 +51,12 @@ def test_choice_follows_acceptance_and_costs():
     est = _after(1, 5, 2)
     assert float(est.accepted[0]) == pytest.approx(policy.DECAY * 0.5 * policy.PRIOR_TRIALS + 2)
     assert float(est.trials[0]) == pytest.approx(policy.DECAY * policy.PRIOR_TRIALS + 3)
-    # the adaptive loop runs only when some context's prior makes some K pay: K=1 at a=0.5 gives 1.5 tokens
-    assert policy.speculation_can_pay(KS, costs, [0.5]) and not policy.speculation_can_pay(KS, costs, [0.2])
-    assert policy.speculation_can_pay(KS, costs, [0.0, 0.2, 0.6])          # one context is enough
+    # the adaptive loop runs when some context's prior makes some K pay (K=1 at a=0.5: 1.5 tokens for
+    # 1.3 steps), or when a K = 0 step costs about a plain step, so that only probes are at stake
+    sync = [1.05] + costs[1:]                                              # the drafter's sync costs 5%
+    assert policy.speculation_can_pay(KS, sync, [0.5]) and not policy.speculation_can_pay(KS, sync, [0.2])
+    assert policy.speculation_can_pay(KS, sync, [0.0, 0.2, 0.6])           # one context is enough
+    assert policy.speculation_can_pay(KS, costs, [0.2])                    # free sync: probes decide
     assert not policy.speculation_can_pay(KS, [1.0, 2.0, 3.1, 6.5], [0.99])  # even full acceptance loses
 
 
@@ -75,27 +78,33 @@ def test_estimates_are_kept_per_context():
     assert live([0, 1], [True, False]) == 0 and live([0, 1], [False, True]) == 5
 
 
-def test_probes_stay_within_budget_and_back_off():
+def test_probes_wait_for_their_expected_loss():
+    """At K = 0 a probe with the best K > 0 comes after loss / PROBE_BUDGET plain steps, loss being
+    the probe's cost less the plain steps its expected tokens would take (Leviathan eq. 1)."""
     costs = jnp.asarray([1.0, 1.3, 1.6, 2.5])
-    wait = int(policy.first_wait(KS, costs))
-    assert wait == 15                                        # 0.3 extra cost a probe <= 2% of 15 steps
-    assert int(policy.first_wait(KS, jnp.asarray([1.0, 1.01, 1.1, 1.2]))) == policy.MIN_WAIT
-    assert int(policy.first_wait(KS, jnp.asarray([1.0, 9.0, 9.5, 10.0]))) == policy.MAX_WAIT
 
     def run(prior, steps=120):
-        est, chosen = policy.init_estimate(prior, wait), []
+        est, chosen = policy.init_estimate(prior), []
         for _ in range(steps):
             k = _choose(est, costs)
             chosen.append(k)
-            est = policy.update(est, jnp.int32(k), jnp.asarray([0], jnp.int32), LIVE, ONE)
+            est = policy.update(est, jnp.int32(k), jnp.asarray([0], jnp.int32), LIVE, ONE)   # every draft rejected
         return [i for i, k in enumerate(chosen) if k], chosen
 
-    probes, chosen = run((0.2,))                             # speculation never looks worth it
-    assert all(chosen[i] == 1 for i in probes)               # probes use the smallest K
-    assert probes[0] == wait and np.diff(probes).tolist() == [2 * wait + 1, 4 * wait + 1]  # failed: wait doubles
-    assert run((0.0,))[0] == []                              # a context below PROBE_FLOOR is never probed
-    # nor a batch with one row there: the probe could not lift its worst row
-    est = policy.init_estimate((0.0, 0.2), wait)._replace(plain_run=jnp.int32(wait))
+    probes, chosen = run((0.15,))                 # K=1 at a=0.15: 1.15 tokens for 1.3 steps, a 0.15-step loss
+    assert all(chosen[i] == 1 for i in probes)
+    assert probes[0] == 8                         # ceil(0.15 / 0.02)
+    gaps = np.diff(probes)
+    assert len(gaps) >= 3 and np.all(gaps[1:] >= gaps[:-1]) and gaps[-1] > gaps[0]   # rejections: waits grow
+    # until the estimate sinks below PROBE_FLOOR and probing stops (gaps of ~13 steps would go on)
+    assert probes[-1] < 100 and run((0.0,))[0] == []
+    # an estimate just below break-even is probed after MIN_WAIT steps (1.29 tokens for 1.3 steps)
+    assert run((0.29,))[0][0] == policy.MIN_WAIT
+    # the probe takes the best K > 0: K=2 gives 1.39 tokens for 1.55 steps at a=0.3, K=1 1.3 for 1.5
+    est = policy.init_estimate((0.3,))._replace(plain_run=jnp.int32(policy.MAX_WAIT))
+    assert _choose(est, [1.0, 1.5, 1.55, 3.0]) == 2
+    # no probe while some active row sits below the floor: the probe could not lift the batch's worst row
+    est = policy.init_estimate((0.0, 0.2))._replace(plain_run=jnp.int32(policy.MAX_WAIT))
     probe = lambda rows: KS[int(policy.choose(est, KS, costs, jnp.asarray(rows), jnp.ones(len(rows), bool)))]
     assert probe([1, 1]) == 1 and probe([0, 1]) == 0
 
@@ -162,7 +171,7 @@ def test_adaptive_sampling_keeps_the_target_distribution(scrambled_k):
 
 
 def test_plain_decoding_when_speculation_cannot_pay(monkeypatch):
-    fake = {"costs": np.asarray([1.0, 2.5, 3.5, 7.0], np.float32), "seconds": 0.0}
+    fake = {"costs": np.asarray([1.1, 2.5, 3.5, 7.0], np.float32), "seconds": 0.0}
     monkeypatch.setattr(GEN, "_step_costs", lambda *a, **k: fake)
     m = tiny_model()
     out = jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5)
