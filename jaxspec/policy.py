@@ -29,6 +29,8 @@ PRIOR_TRIALS = 2.0          # weight of the prior, in drafts
 PROBE_BUDGET = 0.02         # expected loss of probes, as a share of the plain steps between them
 MIN_WAIT, MAX_WAIT = 1, 256  # plain steps before a probe
 PROBE_FLOOR = 0.05          # no probe while an active row's context is below this (NGram without a match)
+SYNC_TOLERANCE = 0.05       # a K = 0 step this close to a plain step's cost counts as free: the spread of
+                            # the measurement (EAGLE's and the draft model's, no model pass: 0.98-1.03)
 
 
 def candidates(num_draft: int) -> tuple[int, ...]:
@@ -141,11 +143,11 @@ def speculation_can_pay(ks: tuple, costs, prior) -> bool:
     """Whether to run the adaptive loop at all (costs float32[len(ks)], prior float32[C], e.g. a
     head's held-out acceptance). True when, for some drafter context, the prior makes some K > 0
     worth more tokens per cost than a plain step; or when a K = 0 step (plain step plus the
-    drafter's sync) costs at most 1 + PROBE_BUDGET plain steps and some K could pay at full
+    drafter's sync) costs at most 1 + SYNC_TOLERANCE plain steps and some K could pay at full
     acceptance: waiting at K = 0 then costs little more than the probes, which find out whether
     the text is easier than the prior. Otherwise the loop would pay for the sync in every plain
     step; on this project's CPU that lost 8-17% (docs in README, Measured)."""
     prior, costs = np.asarray(prior, np.float32), np.asarray(costs, np.float32)
     pays = lambda a: any(k > 0 and float(np.max(expected_tokens(a, k))) / c > 1.0 for k, c in zip(ks, costs))
-    cheap_wait = ks[0] == 0 and costs[0] <= 1.0 + PROBE_BUDGET
+    cheap_wait = ks[0] == 0 and costs[0] <= 1.0 + SYNC_TOLERANCE
     return pays(prior) or (cheap_wait and pays(np.ones_like(prior)))

@@ -19,6 +19,8 @@ import jax.numpy as jnp
 
 from ..sampling import probs_from_logits
 
+CATCH_UP = 16   # positions per pass when a drafter's propose takes in what plain steps (sync) skipped
+
 
 class Context(NamedTuple):
     """What the loop knows at the start of a step, per row."""

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..model import Model
 from ..models import forward
-from .base import Context, Drafter, sample_chain
+from .base import CATCH_UP, Context, Drafter, sample_chain
 
 
 def same_tokenizer(a, b) -> bool:
@@ -51,7 +51,11 @@ class DraftModel(Drafter):
 
     Its cache holds the same tokens as the target's. Each propose first rolls it back to the
     target's length - 1 and feeds [previous token, last] (T=2): this rewrites a slot that may
-    already hold the same token, and fills the slot the last accepted draft never wrote.
+    already hold the same token, and fills the slot the last accepted draft never wrote. Steps
+    without drafts (adaptive K = 0) leave the cache as it is; the next propose first feeds the
+    tokens they added, CATCH_UP at a time (a pass per plain step cost 3% of a target step here).
+    State: (cache, written int32[B]: tokens in the cache that match the target's, fed: drafts the
+    last propose fed, of which the accepted ones are valid).
     """
 
     METADATA = "draft.json"     # beside a saved model folder: what it was distilled for and how
@@ -96,7 +100,7 @@ class DraftModel(Drafter):
         cfg = self.model.config
         cache = init_cache(cfg, prompts.shape[0], capacity, params["embed"].dtype)
         cache = forward(params, prompts, cache, cfg)[2]
-        return rollback(cache, lengths)
+        return rollback(cache, lengths), lengths, jnp.int32(0)
 
     def _feed_last(self, params, cache, ctx: Context):
         """Roll back to the target's length - 1 and run [previous token, last] -> (logits [B, 2, V], cache)."""
@@ -106,15 +110,34 @@ class DraftModel(Drafter):
                                    self.model.config)
         return logits, cache
 
-    def sync(self, params, cache, ctx: Context):
-        return self._feed_last(params, cache, ctx)[1]
+    def _catch_up(self, params, cache, written, ctx: Context):
+        """Feed history tokens [written, target length - 1) that plain steps added, CATCH_UP at a time."""
+        start = ctx.history_len - 2
 
-    def propose(self, params, cache, ctx: Context, key, num_draft: int):
+        def chunk(carry):
+            cache, written = carry
+            pos = jnp.minimum(written[:, None] + jnp.arange(CATCH_UP), ctx.history.shape[1] - 1)
+            cache = forward(params, jnp.take_along_axis(ctx.history, pos, axis=1), rollback(cache, written),
+                            self.model.config)[2]
+            return cache, jnp.minimum(written + CATCH_UP, start)
+
+        return jax.lax.while_loop(lambda c: jnp.any(c[1] < start), chunk, (cache, written))[0]
+
+    def sync(self, params, state, ctx: Context):
+        return state
+
+    def propose(self, params, state, ctx: Context, key, num_draft: int):
         cfg = self.model.config
-        logits, cache = self._feed_last(params, cache, ctx)
+        cache, written, _ = state
+        logits, cache = self._feed_last(params, self._catch_up(params, cache, written, ctx), ctx)
 
         def step(cache, tok):
             logits, _, cache = forward(params, tok[:, None], cache, cfg)
             return cache, logits[:, 0]
 
-        return sample_chain(logits[:, -1], step, cache, key, num_draft, ctx.sampling)
+        tokens, probs, cache = sample_chain(logits[:, -1], step, cache, key, num_draft, ctx.sampling)
+        return tokens, probs, (cache, ctx.history_len, jnp.int32(num_draft - 1))
+
+    def commit(self, params, state, ctx: Context, num_accepted):
+        cache, written, fed = state
+        return cache, written + jnp.minimum(num_accepted, fed), jnp.int32(0)

@@ -17,10 +17,9 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, eagle_step, fuse_features, to_target_logits
 from ..heads.io import load_head, save_head
-from .base import Context, Drafter, check_head_target, sample_chain
+from .base import CATCH_UP, Context, Drafter, check_head_target, sample_chain
 
 KIND = "eagle"
-CATCH_UP = 16           # positions per head pass when propose writes the pairs plain steps skipped
 
 
 class Eagle(Drafter):
