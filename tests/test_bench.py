@@ -104,7 +104,7 @@ def test_drafter_memory_counts_own_weights_and_state():
     assert got["capacity"] == S
     assert got["parameters"] == sum(x.size for x in jax.tree_util.tree_leaves(small.params))
     kv = 2 * TINY.num_layers * S * TINY.num_kv_heads * TINY.head_dim * 4   # k and v, float32, batch 1
-    assert got["state_bytes"] == kv + 4                                    # + the int32 length
+    assert got["state_bytes"] == kv + 3 * 4                 # + int32: the cache's length, tokens written, drafts fed
     assert bench.drafter_memory(m, DraftModel(m), 3, 20, 12)["parameters"] == 0   # self-drafting adds none
     assert bench.drafter_memory(m, NGram(), 3, 20, 12)["weight_bytes"] == 0
     cfg = MTPConfig.for_target(TINY, num_modules=2, draft_vocab_size=40)

@@ -162,7 +162,7 @@ def test_self_drafting_accepts_everything_across_plain_steps(scrambled_k):
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7], [3, 8]]
     out = jaxspec.generate(m, prompts, max_new_tokens=60, drafter=DraftModel(m), num_draft_tokens=5)
     assert out.tokens == jaxspec.generate(m, prompts, max_new_tokens=60).tokens
-    assert out.stats.steps_per_k[0] >= 5 and out.stats.acceptance_rate == 1.0, out.stats.steps_per_k
+    assert out.stats.steps_per_k[0] >= 3 and out.stats.acceptance_rate == 1.0, out.stats.steps_per_k
 
 
 def test_adaptive_sampling_keeps_the_target_distribution(scrambled_k):
