@@ -66,7 +66,7 @@ def test_incremental_drafting_matches_one_shot_pairs():
 def test_drafting_after_plain_steps_matches_one_shot_pairs():
     """Plain steps (sync: features stored, no head pass) over more than CATCH_UP positions, then a
     propose that writes the skipped pairs in chunks: its draft equals the one-shot computation."""
-    from jaxspec.drafters.eagle import CATCH_UP
+    from jaxspec.drafters.base import CATCH_UP
 
     m, e = tiny_model(), _eagle()
     params = e.params_for(m)

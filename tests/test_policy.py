@@ -156,7 +156,7 @@ def test_adaptive_greedy_is_lossless_while_k_switches(kind, scrambled_k):
 
 def test_self_drafting_accepts_everything_across_plain_steps(scrambled_k):
     """The target as its own draft model, K switching: plain steps leave the draft cache behind and
-    the next propose feeds what they added (DraftModel._catch_up); any slot it got wrong would
+    the next propose feeds what they added (drafters.base.catch_up); any slot it got wrong would
     make a draft differ from the target's greedy token."""
     m = tiny_model()
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7], [3, 8]]

@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..cache import rollback
 from ..sampling import probs_from_logits
 
 CATCH_UP = 16   # positions per pass when a drafter's propose takes in what plain steps (sync) skipped
@@ -97,6 +98,19 @@ def check_head_target(kind: str, vocab_size: int, hidden_size: int, metadata: di
     if want and want != model.fingerprint:
         raise ValueError(f"{kind} head was trained for target {metadata.get('target')!r} "
                          f"(weights {want}), not for this model (weights {model.fingerprint})")
+
+
+def catch_up(feed: Callable, cache, written: jax.Array, end: jax.Array, limit: int):
+    """Take into a drafter's cache the positions [written, end) per row (int32[B] each) that plain
+    steps skipped, CATCH_UP at a time: feed(cache rolled back to written, pos int32[B, CATCH_UP],
+    clipped to limit - 1) -> cache after one pass over those positions. -> cache. Positions past
+    `end` in the last chunk are written too, and overwritten before any query sees them."""
+    def chunk(carry):
+        cache, written = carry
+        pos = jnp.minimum(written[:, None] + jnp.arange(CATCH_UP), limit - 1)
+        return feed(rollback(cache, written), pos), jnp.minimum(written + CATCH_UP, end)
+
+    return jax.lax.while_loop(lambda c: jnp.any(c[1] < end), chunk, (cache, written))[0]
 
 
 def sample_chain(first_logits: jax.Array, step: Callable, carry, key, num_draft: int, sampling: dict):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..model import Model
 from ..models import forward
-from .base import CATCH_UP, Context, Drafter, sample_chain
+from .base import Context, Drafter, catch_up, sample_chain
 
 
 def same_tokenizer(a, b) -> bool:
@@ -110,26 +110,15 @@ class DraftModel(Drafter):
                                    self.model.config)
         return logits, cache
 
-    def _catch_up(self, params, cache, written, ctx: Context):
-        """Feed history tokens [written, target length - 1) that plain steps added, CATCH_UP at a time."""
-        start = ctx.history_len - 2
-
-        def chunk(carry):
-            cache, written = carry
-            pos = jnp.minimum(written[:, None] + jnp.arange(CATCH_UP), ctx.history.shape[1] - 1)
-            cache = forward(params, jnp.take_along_axis(ctx.history, pos, axis=1), rollback(cache, written),
-                            self.model.config)[2]
-            return cache, jnp.minimum(written + CATCH_UP, start)
-
-        return jax.lax.while_loop(lambda c: jnp.any(c[1] < start), chunk, (cache, written))[0]
-
     def sync(self, params, state, ctx: Context):
         return state
 
     def propose(self, params, state, ctx: Context, key, num_draft: int):
         cfg = self.model.config
         cache, written, _ = state
-        logits, cache = self._feed_last(params, self._catch_up(params, cache, written, ctx), ctx)
+        feed = lambda cache, pos: forward(params, jnp.take_along_axis(ctx.history, pos, axis=1), cache, cfg)[2]
+        cache = catch_up(feed, cache, written, ctx.history_len - 2, ctx.history.shape[1])   # _feed_last writes on
+        logits, cache = self._feed_last(params, cache, ctx)
 
         def step(cache, tok):
             logits, _, cache = forward(params, tok[:, None], cache, cfg)

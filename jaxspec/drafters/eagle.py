@@ -11,13 +11,12 @@ step instead cost about 4-5% of a target step on this project's CPU.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, eagle_step, fuse_features, to_target_logits
 from ..heads.io import load_head, save_head
-from .base import CATCH_UP, Context, Drafter, check_head_target, sample_chain
+from .base import Context, Drafter, catch_up, check_head_target, sample_chain
 
 KIND = "eagle"
 
@@ -68,27 +67,21 @@ class Eagle(Drafter):
         return ctx.history_len - 1 - state[1] - 1
 
     def _catch_up(self, params, state, ctx: Context):
-        """Write the pairs of positions [written, first_pos) from the stored features, CATCH_UP at a time."""
-        cache, n_prev, written, stored = state
-        first_pos, rows = self._first_pos(state, ctx), jnp.arange(ctx.last.shape[0])[:, None]
-        head = params["head"]
+        """The head cache with the pairs of positions [written, first_pos) written from the stored features."""
+        cache, _, written, stored = state
+        rows, head = jnp.arange(ctx.last.shape[0])[:, None], params["head"]
 
-        def chunk(carry):
-            cache, written = carry
-            pos = jnp.minimum(written[:, None] + jnp.arange(CATCH_UP), stored.shape[2] - 1)   # [B, C]
+        def feed(cache, pos):                                          # pos [B, C]
             tokens = jnp.take_along_axis(ctx.history, pos + 1, axis=1)
-            _, _, cache = eagle_step(head, params["embed"], fuse_features(head, stored[:, rows, pos]), tokens,
-                                     rollback(cache, written), self.cfg)
-            return cache, jnp.minimum(written + CATCH_UP, first_pos)
+            return eagle_step(head, params["embed"], fuse_features(head, stored[:, rows, pos]), tokens, cache,
+                              self.cfg)[2]
 
-        cache, written = jax.lax.while_loop(lambda c: jnp.any(c[1] < first_pos), chunk, (cache, written))
-        return cache, n_prev, written, stored
+        return catch_up(feed, cache, written, self._first_pos(state, ctx), stored.shape[2])
 
     def _write_pairs(self, params, state, ctx: Context):
         """Write the n_prev + 1 pairs the last verify pass left (padded to P, the rest masked)
         -> (head outputs h, draft logits [B, P, ...] at those pairs, cache rolled back to the target's)."""
-        cache, n_prev = state[:2]
-        target_len = ctx.history_len - 1
+        cache, target_len = state[0], ctx.history_len - 1
         first_pos = self._first_pos(state, ctx)
         P = ctx.features.shape[2]
         tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(P), ctx.history.shape[1] - 1)
@@ -108,7 +101,7 @@ class Eagle(Drafter):
 
     def propose(self, params, state, ctx: Context, key, num_draft: int):
         head, embed, cfg = params["head"], params["embed"], self.cfg
-        state = self._catch_up(params, state, ctx)
+        state = (self._catch_up(params, state, ctx),) + tuple(state[1:])
         n_prev = state[1]
         B, K = ctx.last.shape[0], num_draft
         rows = jnp.arange(B)
