@@ -157,7 +157,9 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
     the adaptive policy's costs) runs first on the first group and is reported apart.
 
     repeats > 1 runs everything that many times, the decoders' order rotated by one each time, and
-    adds each repeat's speedups ("speedups", "decode_speedups"): the spread is this run's noise."""
+    adds each repeat's speedups ("speedups", "decode_speedups"): the spread is this run's noise.
+    Greedy runs also count the rows each decoder made exactly as plain decoding did ("rows_as_plain"
+    of "rows"): speculation must not change a token."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     from .generate import generate
@@ -178,11 +180,14 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
         compile_s[label] = run(groups[0], d, k, ad).stats.compile_seconds
         bar.update(1)
     runs = {label: [[] for _ in range(repeats)] for label, *_ in configs}     # [repeat][group] stats
+    made = {label: [] for label, *_ in configs}           # each run's rows, in (repeat, group) order
     for rep in range(repeats):
         order = configs[rep % len(configs):] + configs[:rep % len(configs)]
         for group in groups:
             for label, d, k, ad in order:
-                runs[label][rep].append(run(group, d, k, ad).stats)
+                out = run(group, d, k, ad)
+                runs[label][rep].append(out.stats)
+                made[label] += out.tokens
                 bar.update(1)
     bar.close()
     plain = _aggregate(sum(runs["plain"], []))
@@ -195,6 +200,9 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
             reps = [_speedups(_aggregate(rep), p) for rep, p in zip(runs[label], plain_reps)]
             r["speedups"] = [x["speedup"] for x in reps]
             r["decode_speedups"] = [x["decode_speedup"] for x in reps]
+        if sampling.temperature == 0:        # greedy: the same tokens as plain, row by row
+            same = [a == b for a, b in zip(made[label], made["plain"])]
+            r["rows_as_plain"], r["rows"] = sum(same), len(same)
         if d is not None and not ad:          # Leviathan: tokens per step / cost of a step (plain steps)
             r["step_cost"] = step_cost(model, d, k, groups[0], max_new_tokens, sampling)
             r["predicted_speedup"] = r["mean_accepted_length"] / r["step_cost"]
@@ -254,6 +262,10 @@ def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: i
             result["runs"].append({"batch": batch, "temperature": temperature, "decoders": decoders})
             print(f"batch {batch}, temperature {temperature}: " + ", ".join(
                 f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)
+            for name, d in decoders.items():
+                if d.get("rows_as_plain", 0) < d.get("rows", 0):
+                    print(f"  {name}: {d['rows'] - d['rows_as_plain']} of {d['rows']} greedy rows differ from "
+                          "plain decoding", flush=True)
             _save(result, out_dir)                    # so far: an interrupted sweep keeps what it measured
     result["memory"] = {spec: drafter_memory(model, d, max(ks), len(ids[0]), max_new_tokens)
                         for spec, d in made.items()}
@@ -314,25 +326,32 @@ def _times(d: dict, key: str) -> str:
     return f"{d[key]:.2f}x{spread}"
 
 
+def _rows(d: dict) -> str:
+    """'20/20': greedy rows identical to plain decoding's; '-' when sampled (other random draws)."""
+    return f"{d['rows_as_plain']}/{d['rows']}" if "rows" in d else "-"
+
+
 def markdown(r: dict) -> str:
     lines = [f"Model {r['model']} on {r['backend']}, {r['prompts']} prompts, up to {r['max_new_tokens']} new "
              "tokens. Speedup: tokens/s over plain decoding at the same batch size and sampling, same run, "
              "prompt pass included; decode: the same after each row's first token (the prompt pass apart); "
              f"{r.get('repeats', 1)} repeat(s), in brackets the range over repeats. "
              "Predicted: Leviathan et al. from the measured mean accepted length and step cost (drafting K + "
-             "verifying K+1 tokens, timed alone, in plain steps), to compare with the decode speedup.\n"]
+             "verifying K+1 tokens, timed alone, in plain steps), to compare with the decode speedup. Rows as "
+             "plain: greedy rows whose tokens equal plain decoding's.\n"]
     for run in r["runs"]:
         lines += [f"\nBatch {run['batch']}, temperature {run['temperature']}:\n",
                   "| decoder | tokens/s | speedup | decode tokens/s | decode speedup | predicted | step cost "
-                  "| mean accepted length | acceptance rate | per-position acceptance | K used (steps) | compile s |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
+                  "| mean accepted length | acceptance rate | per-position acceptance | K used (steps) | compile s "
+                  "| rows as plain |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
         for name, d in run["decoders"].items():
             pred = (f"{d['predicted_speedup']:.2f}x | {d['step_cost']:.2f}" if "predicted_speedup" in d
                     else "- | -")
             used = " ".join(f"{k}:{n}" for k, n in d.get("steps_per_k", {}).items() if n) or "-"
             lines.append(f"| {name} | {d['tokens_per_second']:.2f} | {_times(d, 'speedup')} | "
                          f"{d['decode_tokens_per_second']:.2f} | {_times(d, 'decode_speedup')} | {pred} | {_acc(d)} | "
-                         f"{used} | {d['compile_seconds']:.1f} |")
+                         f"{used} | {d['compile_seconds']:.1f} | {_rows(d)} |")
     if "transformers" in r:
         t = r["transformers"]
         lines += ["\nHugging Face transformers (torch, same weights), batch 1, greedy:\n",

@@ -5,6 +5,7 @@ import pytest
 
 from jaxspec import bench
 from jaxspec.drafters import NGram
+from jaxspec.sampling import Sampling
 
 from .conftest import tiny_model
 
@@ -24,6 +25,7 @@ def test_bench_decoders_fixed_and_adaptive():
     assert fixed["step_cost"] > 0 and fixed["predicted_speedup"] == fixed["mean_accepted_length"] / fixed["step_cost"]
     assert fixed["measured_over_predicted"] == fixed["decode_speedup"] / fixed["predicted_speedup"]
     assert sum(result["ngram adaptive K<=3"]["steps_per_k"].values()) == result["ngram adaptive K<=3"]["target_steps"]
+    assert all(d["rows_as_plain"] == d["rows"] == 4 for d in result.values())    # greedy: lossless, row by row
     assert bench.batches([[1], [2], [3]], 2) == [[[1], [2]], [[3], [1]]]      # cycled to fill the last batch
     assert bench.batches([[1], [2]], 4) == [[[1], [2], [1], [2]]]
 
@@ -56,6 +58,32 @@ def test_bench_repeats_rotate_decoders_and_give_each_repeats_speedup(monkeypatch
     assert f"x ({lo:.2f}-{hi:.2f})" in table and "3 repeat(s)" in table
     with pytest.raises(ValueError, match="repeats"):
         bench.bench_decoders(m, prompts, 6, {}, ks=(2,), repeats=0)
+
+
+def test_bench_counts_greedy_rows_that_differ_from_plain(monkeypatch):
+    import importlib
+
+    gen = importlib.import_module("jaxspec.generate")
+    real = gen.generate
+
+    def lossy(model, group, **kw):                     # a decoder that changes its last row's last token
+        out = real(model, group, **kw)
+        if kw["drafter"] is not None and not kw["adaptive"]:
+            out.tokens[-1][-1] += 1
+        return out
+
+    monkeypatch.setattr(gen, "generate", lossy)
+    m = tiny_model()
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    result = bench.bench_decoders(m, prompts, 5, {"ngram": NGram()}, ks=(2,), batch=2)
+    assert (result["ngram K=2"]["rows_as_plain"], result["ngram K=2"]["rows"]) == (2, 4)     # 1 of 2 rows, 2 groups
+    assert result["ngram adaptive K<=2"]["rows_as_plain"] == 4
+    table = bench.markdown({"model": "tiny", "backend": "cpu", "prompts": 3, "max_new_tokens": 5,
+                            "runs": [{"batch": 2, "temperature": 0.0, "decoders": result}]})
+    assert "| 2/4 |" in table and "| 4/4 |" in table
+    sampled = bench.bench_decoders(m, prompts[:1], 5, {"ngram": NGram()}, ks=(2,), sampling=Sampling(temperature=0.7),
+                                   adaptive=False)
+    assert "rows" not in sampled["ngram K=2"]                     # other random draws: not comparable
 
 
 def test_bench_run_writes_json_table_and_plots(tmp_path):
