@@ -73,6 +73,58 @@ def test_drafts_match_one_shot_modules_also_after_a_rejection():
         np.testing.assert_allclose(q[0, j - 1], _one_shot_q(m, d, hist, drafts[0, :j - 1].tolist(), j), atol=1e-5)
 
 
+def _start(m, d, prompt, first, K, S=64):
+    """Drafter state after the prompt, and the first step's context (the prompt's last h^0 at index 0)."""
+    params, P = d.params_for(m), len(prompt)
+    prompt_feats = forward(m.params, jnp.asarray([prompt]), init_cache(TINY, 1, S), TINY, (L,))[1]
+    state = d.init(params, jnp.asarray([prompt]), jnp.asarray([P]), S, prompt_feats)
+    history = jnp.zeros((1, S + K + 1), jnp.int32).at[0, :P + 1].set(jnp.asarray(prompt + [first]))
+    feats = jnp.zeros((1, 1, K + 1, TINY.hidden_size)).at[:, :, 0].set(prompt_feats[:, :, P - 1])
+    return params, state, Context(jnp.asarray([first]), history, jnp.asarray([P + 1]),
+                                  row_params(Sampling(temperature=1.0), 1), feats)
+
+
+def test_drafts_after_plain_steps_match_one_shot_modules():
+    """Plain steps (sync: h^0 stored, no module pass) over more than CATCH_UP positions, then a
+    propose that runs the modules over the skipped positions in chunks: drafts as the one-shot pass."""
+    from jaxspec.drafters.base import CATCH_UP
+
+    m, d = tiny_model(), _mtp()
+    prompt, K = [5, 9, 2, 7, 7, 1], 2
+    seq = prompt + [int(t) for t in np.random.RandomState(0).randint(1, TINY.vocab_size, CATCH_UP + 6)]
+    params, state, ctx = _start(m, d, prompt, seq[len(prompt)], K)
+    cache = forward(m.params, jnp.asarray([prompt]), init_cache(TINY, 1, 64), TINY)[2]
+    history = ctx.history.at[0, :len(seq)].set(jnp.asarray(seq))
+    for t in range(len(prompt), len(seq) - 1):           # a plain step: the target takes seq[t]
+        ctx = ctx._replace(last=jnp.asarray([seq[t]]), history=history, history_len=jnp.asarray([t + 1]))
+        state = d.commit(params, d.sync(params, state, ctx), ctx, jnp.asarray([0]))
+        step_feats, cache = forward(m.params, jnp.asarray([[seq[t]]]), cache, TINY, (L,))[1:]
+        ctx = ctx._replace(features=jnp.zeros_like(ctx.features).at[:, :, :1].set(step_feats))
+    assert int(state[3][0]) == len(prompt) - d.cfg.num_modules      # plain steps ran no module
+    ctx = ctx._replace(last=jnp.asarray([seq[-1]]), history=history, history_len=jnp.asarray([len(seq)]))
+    drafts, q, state = d.propose(params, state, ctx, jax.random.PRNGKey(0), K)
+    for j in (1, 2):
+        np.testing.assert_allclose(q[0, j - 1], _one_shot_q(m, d, seq, drafts[0, :j - 1].tolist(), j), atol=1e-5)
+
+
+def test_a_smaller_K_after_a_long_accepted_run_matches_one_shot_modules():
+    """K = 5 with every draft kept moves 6 positions; the next step's K = 1 window covers only the
+    last 2: the positions in between are taken in before it (they were never run with final tokens)."""
+    m, d = tiny_model(), _mtp()
+    prompt, first, bonus, K = [5, 9, 2, 7, 7, 1, 3, 8], 11, 23, 5
+    params, state, ctx = _start(m, d, prompt, first, K)
+    drafts, _, state = d.propose(params, state, ctx, jax.random.PRNGKey(0), K)
+    drafts = drafts[0].tolist()
+    cache = forward(m.params, jnp.asarray([prompt]), init_cache(TINY, 1, 64), TINY)[2]
+    verify_feats = forward(m.params, jnp.asarray([[first] + drafts]), cache, TINY, (L,))[1]
+    state = d.commit(params, state, ctx, jnp.asarray([K]))                 # all kept, then the bonus token
+    hist = prompt + [first] + drafts + [bonus]
+    ctx = ctx._replace(last=jnp.asarray([bonus]), history=ctx.history.at[0, :len(hist)].set(jnp.asarray(hist)),
+                       history_len=jnp.asarray([len(hist)]), features=verify_feats)
+    _, q, _ = d.propose(params, state, ctx, jax.random.PRNGKey(1), 1)
+    np.testing.assert_allclose(q[0, 0], _one_shot_q(m, d, hist, [], 1), atol=1e-5)
+
+
 @pytest.mark.parametrize("K", [1, 2, 5])
 def test_mtp_greedy_lossless(K):
     m, d = tiny_model(), _mtp()

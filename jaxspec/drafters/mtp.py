@@ -4,10 +4,12 @@ hidden state.
 With history length n (the newest token at position n - 1, not yet in the target's cache), module j
 at position n - 2 reads h^{j-1}_{n-2} and token_{n-2+j} and drafts token_{n-1+j}: module 1 the
 token after `last`, module j the j-th draft. For K > D the last module runs on along the positions,
-its own output standing in for h^{D-1}. Each step recomputes every module over the window of the
+its own output standing in for h^{D-1}. Each propose recomputes every module over the window of the
 last W = max(K + min(K, D), D) positions (inputs there may have been drafts that the target has
-since replaced, or tokens a sync step did not know yet); positions before the window are final in the modules' KV caches. h^0 of past positions is
-kept in a static buffer [B, S, E]. Rollback is a length change, as for the target.
+since replaced); positions before `written` are final in the modules' KV caches, and those between
+it and the window (left by plain steps, whose sync only stores h^0, or by a jump longer than the
+window) are first taken in CATCH_UP at a time. h^0 of past positions is kept in a static buffer
+[B, S, E]. Rollback is a length change, as for the target.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ..heads.eagle import to_target_logits
 from ..heads.io import load_head, save_head
 from ..heads.mtp import MTPConfig, mtp_logits, mtp_module, mtp_window
 from ..models import lm_head_rows
-from .base import Context, Drafter, check_head_target, draw_token
+from .base import Context, Drafter, catch_up, check_head_target, draw_token
 
 KIND = "mtp"
 
@@ -65,7 +67,9 @@ class MTP(Drafter):
                                                             self.cfg.rms_norm_eps), self.cfg.target_vocab_size)
 
     def init(self, params, prompts, lengths, capacity, features):
-        """Keep the prompt's h^0 and run every module over the prompt."""
+        """Keep the prompt's h^0 and run every module over the prompt. State: (module caches, h^0
+        buffer [B, S, E], drafts accepted in the last step int32[B], written int32[B]: positions below
+        are final in every module, drafted int32: K of a propose not yet committed, else 0)."""
         B, T = prompts.shape
         cfg = self.cfg
         h0 = features[0]                                                      # [B, T, E]
@@ -73,43 +77,43 @@ class MTP(Drafter):
         cache = init_cache(cfg.cache_config(), B, capacity, h0.dtype)
         nxt = jnp.concatenate([prompts[:, 1:], jnp.zeros((B, cfg.num_modules), prompts.dtype)], axis=1)
         _, cache = mtp_window(params["head"], params["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
-        return rollback(cache, lengths - 1), buf, jnp.zeros((B,), jnp.int32)
+        zeros = jnp.zeros((B,), jnp.int32)       # position p is final once token p + D is known
+        return rollback(cache, lengths - 1), buf, zeros, jnp.maximum(lengths - cfg.num_modules, 0), jnp.int32(0)
 
-    def _window(self, params, state, ctx: Context, W: int):
-        """Store the last pass's h^0 in the buffer; -> (buffer, the window's first position start [B],
-        its positions [B, W] ending at n - 2, their h^0 [B, W, E])."""
-        cache, buf, n_prev = state
-        B, S = buf.shape[0], buf.shape[1]
-        rows = jnp.arange(B)[:, None]
-        n = ctx.history_len
-        # h^0 from the last pass: positions n - 2 - n_prev .. (only those up to n - 2 are final)
-        buf = buf.at[rows, (n - 2 - n_prev)[:, None] + jnp.arange(ctx.features.shape[2])].set(
-            ctx.features[0].astype(buf.dtype), mode="drop")
-        start = jnp.maximum(n - 1 - W, 0)
-        window = start[:, None] + jnp.arange(W)                               # [B, W] positions
-        return buf, start, window, buf[rows, jnp.clip(window, 0, S - 1)]
+    def _store(self, state, ctx: Context):
+        """The h^0 buffer with the last pass's h^0 at positions n - 2 - n_prev .. (those up to n - 2 are final)."""
+        buf, n_prev = state[1], state[2]
+        rows = jnp.arange(buf.shape[0])[:, None]
+        pos = (ctx.history_len - 2 - n_prev)[:, None] + jnp.arange(ctx.features.shape[2])
+        return buf.at[rows, pos].set(ctx.features[0].astype(buf.dtype), mode="drop")
+
+    def _catch_up(self, params, cache, buf, written, end, ctx: Context):
+        """Every module over positions [written, end) (all inputs final there), CATCH_UP at a time."""
+        D = self.cfg.num_modules
+        rows = jnp.arange(buf.shape[0])[:, None]
+
+        def feed(cache, pos):                                                 # pos [B, C] from cache.length
+            nxt = pos[:, :1] + 1 + jnp.arange(pos.shape[1] + D - 1)           # token_{p+1}, D - 1 further
+            nxt = ctx.history[rows, jnp.minimum(nxt, ctx.history.shape[1] - 1)]
+            return mtp_window(params["head"], params["embed"], buf[rows, pos], nxt, cache, self.cfg,
+                              cache.length)[1]
+
+        return catch_up(feed, cache, written, end, buf.shape[1])
 
     def sync(self, params, state, ctx: Context):
-        """Run every module over a window as long as the largest K's (P - 1 = K_max), drafting nothing:
-        entries built from tokens not yet known are redone by a later window."""
-        cfg, K_max = self.cfg, ctx.features.shape[2] - 1
-        W = max(K_max + min(K_max, cfg.num_modules), cfg.num_modules)
-        buf, start, window, h = self._window(params, state, ctx, W)
-        cache, rows = state[0], jnp.arange(buf.shape[0])[:, None]
-        clip = lambda i: jnp.clip(i, 0, ctx.history.shape[1] - 1)
-        for j in range(cfg.num_modules):
-            h, cache = mtp_module(params["head"], j, params["embed"], h,
-                                  ctx.history[rows, clip(window + j + 1)], rollback(cache, start), cfg)
-        return rollback(cache, ctx.history_len - 1), buf, state[2]
+        """Store the last pass's h^0; the modules take it in at the next propose (_catch_up)."""
+        return (state[0], self._store(state, ctx)) + tuple(state[2:])
 
     def propose(self, params, state, ctx: Context, key, num_draft: int):
         head, embed, cfg = params["head"], params["embed"], self.cfg
-        cache, n_prev = state[0], state[2]
         K, D = num_draft, min(num_draft, cfg.num_modules)
-        W = max(K + D, cfg.num_modules)          # >= num_modules: a sync step may have left that many
-        buf, start, window, h = self._window(params, state, ctx, W)
+        W = max(K + D, cfg.num_modules)
+        buf, n = self._store(state, ctx), ctx.history_len
         rows = jnp.arange(buf.shape[0])[:, None]
-        n = ctx.history_len
+        start = jnp.maximum(n - 1 - W, 0)                                     # the window: start .. n - 2
+        cache = self._catch_up(params, state[0], buf, state[3], start, ctx)
+        window = start[:, None] + jnp.arange(W)                               # [B, W] positions
+        h = buf[rows, jnp.clip(window, 0, buf.shape[1] - 1)]
         at = n - 2 - start                                                    # window index of n - 2
         seq = ctx.history                                                     # drafts go in at n, n + 1, ...
         clip = lambda i: jnp.clip(i, 0, seq.shape[1] - 1)
@@ -132,7 +136,14 @@ class MTP(Drafter):
             tok, q = draw_token(self._logits(params, h[:, 0]), keys[j], ctx.sampling)
             seq = seq.at[rows[:, 0], n + j].set(tok, mode="drop")
             tokens.append(tok), probs.append(q)
-        return jnp.stack(tokens, 1), jnp.stack(probs, 1), (rollback(cache, n - 1), buf, n_prev)
+        written = jnp.maximum(state[3], start)
+        return jnp.stack(tokens, 1), jnp.stack(probs, 1), (rollback(cache, n - 1), buf, state[2], written,
+                                                          jnp.int32(K))
 
     def commit(self, params, state, ctx: Context, num_accepted):
-        return state[0], state[1], num_accepted
+        """After a propose, window positions p < n + num_accepted - D read only kept tokens: final."""
+        cache, buf, _, written, drafted = state
+        n = ctx.history_len
+        final = jnp.minimum(n - 1, n + num_accepted - self.cfg.num_modules)
+        written = jnp.where(drafted > 0, jnp.maximum(written, final), written)
+        return cache, buf, num_accepted, written, jnp.int32(0)
