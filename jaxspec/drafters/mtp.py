@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..heads.eagle import to_target_logits
 from ..heads.io import load_head, save_head
-from ..heads.mtp import MTPConfig, mtp_logits, mtp_module, mtp_window
+from ..heads.mtp import MTPConfig, mtp_logits, mtp_module, mtp_window, unstack_modules
 from ..models import lm_head_rows
 from .base import Context, Drafter, catch_up, check_head_target, draw_token
 
@@ -59,8 +59,8 @@ class MTP(Drafter):
 
     def params_for(self, model):
         rows = lm_head_rows(model.params, self.head_params["d2t"])
-        return {"head": self.head_params, "embed": model.params["embed"], "norm": model.params["norm"],
-                "rows": rows}
+        return {"head": unstack_modules(self.head_params, self.cfg.num_modules), "embed": model.params["embed"],
+                "norm": model.params["norm"], "rows": rows}
 
     def _logits(self, params, h):
         return to_target_logits(params["head"], mtp_logits(params["norm"], params["rows"], h,
