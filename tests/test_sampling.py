@@ -61,3 +61,21 @@ def test_ties_at_a_cutoff_are_kept_together(setting, kept):
     probs = np.asarray(probs_from_logits(logits, row_params(setting, 1)))[0]
     np.testing.assert_array_equal((probs > 0).astype(int), kept)
     np.testing.assert_allclose(probs.sum(), 1.0, atol=1e-6)
+
+
+def test_draft_draws_take_the_argmax_for_greedy_rows_and_sample_the_rest():
+    from jaxspec.drafters.base import draw_token
+
+    draw = jax.jit(draw_token)
+    logits = jax.random.normal(jax.random.PRNGKey(0), (3, 500)) * 3
+    best = np.argmax(np.asarray(logits), -1)
+    greedy = row_params(Sampling(), 3)
+    tok, q = draw(logits, jax.random.PRNGKey(1), greedy)
+    np.testing.assert_array_equal(tok, best)
+    np.testing.assert_array_equal(q, probs_from_logits(logits, greedy))           # one-hot rows
+    mixed = row_params([Sampling(), Sampling(temperature=1.0), Sampling()], 3)
+    draws = np.stack([draw(logits, jax.random.PRNGKey(k), mixed)[0] for k in range(200)])
+    assert (draws[:, [0, 2]] == best[[0, 2]]).all()
+    assert len(set(draws[:, 1].tolist())) > 5                                      # row 1 is drawn
+    np.testing.assert_allclose(draw(logits, jax.random.PRNGKey(1), mixed)[1][1],
+                               probs_from_logits(logits, mixed)[1], rtol=1e-6)

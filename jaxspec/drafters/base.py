@@ -83,9 +83,17 @@ class Drafter:
 
 def draw_token(logits: jax.Array, key, sampling: dict):
     """One draft token per row from logits [B, V] with the target's sampling settings
-    -> (token int32[B], the distribution q [B, V] it was drawn from)."""
-    q = probs_from_logits(logits, sampling)
-    return jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32), q
+    -> (token int32[B], the distribution q [B, V] it was drawn from). An all-greedy batch takes the
+    argmax without drawing V random numbers per row."""
+    def greedy():
+        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return tok, jax.nn.one_hot(tok, logits.shape[-1], dtype=jnp.float32)
+
+    def sampled():
+        q = probs_from_logits(logits, sampling)
+        return jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32), q
+
+    return jax.lax.cond(jnp.all(sampling["temperature"] == 0), greedy, sampled)
 
 
 def check_head_target(kind: str, vocab_size: int, hidden_size: int, metadata: dict, model) -> None:
