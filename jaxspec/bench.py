@@ -153,8 +153,9 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
                    sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True,
                    repeats: int = 1) -> dict:
     """Plain decoding, each drafter at each fixed K and (adaptive=True) with adaptive K up to max(ks),
-    on groups of `batch` prompts, each group run by every decoder in turn. Compiling (and measuring
-    the adaptive policy's costs) runs first on the first group and is reported apart.
+    on groups of `batch` prompts (taken in order of length bucket), each group run by every decoder in
+    turn. Compiling (and measuring the adaptive policy's costs) runs first on the first group and is
+    reported apart.
 
     repeats > 1 runs everything that many times, the decoders' order rotated by one each time, and
     adds each repeat's speedups ("speedups", "decode_speedups"): the spread is this run's noise.
@@ -162,7 +163,7 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
     of "rows"): speculation must not change a token."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    from .generate import generate
+    from .generate import bucket, generate
     from .sampling import Sampling
 
     sampling = sampling or Sampling()
@@ -170,7 +171,9 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
                                              for k in ks]
     if adaptive:
         configs += [(f"{name} adaptive K<={max(ks)}", d, max(ks), True) for name, d in drafters.items()]
-    groups = batches(prompts_ids, batch)
+    # one length bucket after another: each decoder compiles a bucket's programs once (generate keeps
+    # MAX_PROGRAMS of them; nine decoders on prompts of alternating buckets recompiled in every run)
+    groups = batches(sorted(prompts_ids, key=lambda ids: bucket(len(ids))), batch)
     run = lambda group, d, k, ad: generate(model, group, max_new_tokens=max_new_tokens, sampling=sampling,
                                            drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed)
     desc = f"bench: batch {batch}, temperature {sampling.temperature:g}"
