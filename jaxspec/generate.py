@@ -400,7 +400,7 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128,
     if drafter is not None and adaptive:
         measured = _step_costs(model, drafter, ks, tokens, lengths, cache, params_s, live_attention)
         costs, cost_s = measured["costs"], measured["seconds"]
-        if not policy.speculation_can_pay(ks, costs, drafter.prior_acceptance):
+        if not policy.speculation_can_pay(ks, costs, drafter.prior_acceptance, measured["errors"]):
             drafter = None                                      # plain decoding: speculation is not expected to win
     hidden_layers = drafter.hidden_layers if drafter is not None else ()
     args = (model.params, tokens, lengths, cache, params_s, key)

@@ -95,8 +95,8 @@ def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Arr
 _COSTS: dict = {}
 
 
-def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, repeats: int = 15,
-                  thread: int = 2) -> dict:
+def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, rounds: tuple = (15, 60),
+                  budget_s: float = 4.0, thread: int = 2) -> dict:
     """Cost of one step with each candidate K in plain steps, measured once per key (cached).
 
     make_args() builds the steps' arguments, called only for a new key. plain_step(*args) is a target
@@ -104,12 +104,15 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, repea
     drafter's sync). Both return (args[thread], outputs): that argument
     (the KV cache) is donated and passed on from call to call, so its update is in place as in the
     loop (an undonated cache is copied every call: at batch 16 that made K=3 look 20% cheaper than it
-    ran). Each is compiled, then timed in `repeats` rounds that run the plain step and every K one
-    after another; a K's cost is the median over rounds of its time over the same round's plain
-    time, so load that drifts on a shared machine hits both. K = 0, 1 and the largest K are
+    ran). Each is compiled, then timed in rounds that run the plain step and every K one after
+    another; a K's cost is the median over rounds of its time over the same round's plain time, so
+    load that drifts on a shared machine hits both. Rounds go on from rounds[0] until budget_s of
+    timing or rounds[1]: at batch 1 (30 ms steps) 15 rounds put EAGLE's K = 3 anywhere in
+    1.68-1.98 from one measurement to the next, 45 rounds in 1.68-1.81. K = 0, 1 and the largest K are
     measured; K in between is interpolated linearly (drafting and verifying grow about linearly in
     K), which saves a compilation per K.
-    -> {"costs": float32[len(ks)], "plain_seconds": float, "seconds": time spent here}."""
+    -> {"costs": float32[len(ks)], "errors": float32[len(ks)] (their standard errors), "plain_seconds":
+    float, "seconds": time spent here}."""
     if key in _COSTS:
         return {**_COSTS[key], "seconds": 0.0}
     start = time.perf_counter()
@@ -127,27 +130,32 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, repea
     for fn in (plain_fn, *spec_fns.values()):
         seconds(fn)                                           # compile and warm up
     plains, ratios = [], {k: [] for k in ends}
-    for _ in range(repeats):
+    timing = time.perf_counter()
+    while len(plains) < rounds[0] or (len(plains) < rounds[1] and time.perf_counter() - timing < budget_s):
         plains.append(seconds(plain_fn))
         for k, fn in spec_fns.items():
             ratios[k].append(seconds(fn) / plains[-1])
-    timed = {k: float(np.median(r)) for k, r in ratios.items()}
     pos = [k for k in ends if k > 0]
-    costs = np.asarray([timed[k] if k in timed else np.interp(k, pos, [timed[j] for j in pos]) for k in ks],
-                       np.float32)
-    _COSTS[key] = {"costs": costs, "plain_seconds": float(np.median(plains))}
+    per_k = lambda timed: np.asarray([timed[k] if k in timed else np.interp(k, pos, [timed[j] for j in pos])
+                                      for k in ks], np.float32)
+    # standard error of a median: sqrt(pi / 2) times that of a mean
+    errors = {k: 1.2533 * float(np.std(r)) / np.sqrt(len(r)) for k, r in ratios.items()}
+    _COSTS[key] = {"costs": per_k({k: float(np.median(r)) for k, r in ratios.items()}), "errors": per_k(errors),
+                   "plain_seconds": float(np.median(plains))}
     return {**_COSTS[key], "seconds": time.perf_counter() - start}
 
 
-def speculation_can_pay(ks: tuple, costs, prior) -> bool:
+def speculation_can_pay(ks: tuple, costs, prior, errors=None) -> bool:
     """Whether to run the adaptive loop at all (costs float32[len(ks)], prior float32[C], e.g. a
-    head's held-out acceptance). True when, for some drafter context, the prior makes some K > 0
-    worth more tokens per cost than a plain step; or when a K = 0 step (plain step plus the
-    drafter's sync) costs at most 1 + SYNC_TOLERANCE plain steps and some K could pay at full
-    acceptance: waiting at K = 0 then costs little more than the probes, which find out whether
-    the text is easier than the prior. Otherwise the loop would pay for the sync in every plain
-    step; on this project's CPU that lost 8-17% (docs in README, Measured)."""
+    head's held-out acceptance; errors float32[len(ks)]: the costs' standard errors). True when, for
+    some drafter context, the prior makes some K > 0 worth more tokens per cost than a plain step;
+    or when a K = 0 step (plain step plus the drafter's sync) costs at most 1 + SYNC_TOLERANCE plain
+    steps, within two standard errors, and some K could pay at full acceptance: waiting at K = 0
+    then costs little more than the probes, which find out whether the text is easier than the
+    prior. Otherwise the loop would pay for the sync in every plain step; on this project's CPU that
+    lost 8-17% (docs in README, Measured)."""
     prior, costs = np.asarray(prior, np.float32), np.asarray(costs, np.float32)
+    errors = np.zeros_like(costs) if errors is None else np.asarray(errors, np.float32)
     pays = lambda a: any(k > 0 and float(np.max(expected_tokens(a, k))) / c > 1.0 for k, c in zip(ks, costs))
-    cheap_wait = ks[0] == 0 and costs[0] <= 1.0 + SYNC_TOLERANCE
+    cheap_wait = ks[0] == 0 and costs[0] - 2.0 * errors[0] <= 1.0 + SYNC_TOLERANCE
     return pays(prior) or (cheap_wait and pays(np.ones_like(prior)))

@@ -57,6 +57,9 @@ def test_choice_follows_acceptance_and_costs():
     assert policy.speculation_can_pay(KS, sync, [0.5]) and not policy.speculation_can_pay(KS, sync, [0.2])
     assert policy.speculation_can_pay(KS, sync, [0.0, 0.2, 0.6])           # one context is enough
     assert policy.speculation_can_pay(KS, costs, [0.2])                    # free sync: probes decide
+    # a K = 0 cost over the tolerance by less than two standard errors of its measurement gets the loop
+    assert policy.speculation_can_pay(KS, [1.07] + costs[1:], [0.2], errors=[0.015, 0, 0, 0])
+    assert not policy.speculation_can_pay(KS, [1.07] + costs[1:], [0.2], errors=[0.005, 0, 0, 0])
     assert not policy.speculation_can_pay(KS, [1.0, 2.0, 3.1, 6.5], [0.99])  # even full acceptance loses
 
 
@@ -135,7 +138,8 @@ def _drafters():
 def scrambled_k(monkeypatch):
     """Every K of the loop in a scrambled order: the step's K is a hash of the policy state, and
     fixed costs under which speculation can pay (no timing)."""
-    fake = {"costs": np.asarray([1.0, 1.25, 1.5, 2.2], np.float32), "seconds": 0.0}
+    fake = {"costs": np.asarray([1.0, 1.25, 1.5, 2.2], np.float32), "errors": np.zeros(4, np.float32),
+            "seconds": 0.0}
     monkeypatch.setattr(GEN, "_step_costs", lambda *a, **k: fake)
     monkeypatch.setattr(GEN, "_COMPILED", {})                     # no program traced with the real choice
     monkeypatch.setattr(policy, "choose", lambda est, ks, costs, context, active: (
@@ -182,7 +186,8 @@ def test_adaptive_sampling_keeps_the_target_distribution(scrambled_k):
 
 
 def test_plain_decoding_when_speculation_cannot_pay(monkeypatch):
-    fake = {"costs": np.asarray([1.1, 2.5, 3.5, 7.0], np.float32), "seconds": 0.0}
+    fake = {"costs": np.asarray([1.1, 2.5, 3.5, 7.0], np.float32), "errors": np.zeros(4, np.float32),
+            "seconds": 0.0}
     monkeypatch.setattr(GEN, "_step_costs", lambda *a, **k: fake)
     m = tiny_model()
     out = jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5)
