@@ -120,6 +120,8 @@ def _aggregate(runs: list) -> dict:
         agg["acceptance_rate"] = float(np.dot(w, [st.acceptance_rate for st in runs]) / w.sum())
         agg["per_position_acceptance"] = (w @ np.array([st.per_position_acceptance for st in runs])
                                           / w.sum()).tolist()
+    if runs and runs[0].step_costs:                  # adaptive: the costs its policy measured (plain steps)
+        agg["step_costs"] = {str(k): c for k, c in runs[0].step_costs.items()}
     if runs and runs[0].steps_per_k:
         agg["steps_per_k"] = {str(k): sum(st.steps_per_k.get(k, 0) for st in runs) for k in runs[0].steps_per_k}
     return agg
@@ -141,6 +143,17 @@ def step_cost(model, drafter, K: int, group: list, max_new_tokens: int, sampling
     measured = _step_costs(model, drafter, (K,), tokens, lengths, cache, row_params(sampling, len(group)),
                            len(group) >= LIVE_ATTENTION_MIN_BATCH)
     return float(measured["costs"][0])
+
+
+MAX_DIFFERENCES = 8      # differing greedy rows whose first difference the bench keeps
+
+
+def first_difference(plain: list, other: list, prompt: int) -> dict:
+    """Where a greedy row first departs from plain decoding's: prompt index, position among the new
+    tokens, and each side's token there (None: that row ended before)."""
+    pos = next((i for i, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
+    at = lambda row: int(row[pos]) if pos < len(row) else None
+    return {"prompt": int(prompt), "position": pos, "plain": at(plain), "this": at(other)}
 
 
 def _speedups(agg: dict, plain: dict) -> dict:
@@ -173,7 +186,8 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
         configs += [(f"{name} adaptive K<={max(ks)}", d, max(ks), True) for name, d in drafters.items()]
     # one length bucket after another: each decoder compiles a bucket's programs once (generate keeps
     # MAX_PROGRAMS of them; nine decoders on prompts of alternating buckets recompiled in every run)
-    groups = batches(sorted(prompts_ids, key=lambda ids: bucket(len(ids))), batch)
+    index_groups = batches(sorted(range(len(prompts_ids)), key=lambda i: bucket(len(prompts_ids[i]))), batch)
+    groups = [[prompts_ids[i] for i in g] for g in index_groups]
     run = lambda group, d, k, ad: generate(model, group, max_new_tokens=max_new_tokens, sampling=sampling,
                                            drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed)
     desc = f"bench: batch {batch}, temperature {sampling.temperature:g}"
@@ -184,9 +198,11 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
         bar.update(1)
     runs = {label: [[] for _ in range(repeats)] for label, *_ in configs}     # [repeat][group] stats
     made = {label: [] for label, *_ in configs}           # each run's rows, in (repeat, group) order
+    made_from = []                                        # the prompt index of each of those rows
     for rep in range(repeats):
         order = configs[rep % len(configs):] + configs[:rep % len(configs)]
-        for group in groups:
+        for group, indices in zip(groups, index_groups):
+            made_from += indices
             for label, d, k, ad in order:
                 out = run(group, d, k, ad)
                 runs[label][rep].append(out.stats)
@@ -206,6 +222,8 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
         if sampling.temperature == 0:        # greedy: the same tokens as plain, row by row
             same = [a == b for a, b in zip(made[label], made["plain"])]
             r["rows_as_plain"], r["rows"] = sum(same), len(same)
+            r["differences"] = [first_difference(made["plain"][i], made[label][i], made_from[i])
+                                for i in np.flatnonzero(~np.array(same, bool))[:MAX_DIFFERENCES]]
         if d is not None and not ad:          # Leviathan: tokens per step / cost of a step (plain steps)
             r["step_cost"] = step_cost(model, d, k, groups[0], max_new_tokens, sampling)
             r["predicted_speedup"] = r["mean_accepted_length"] / r["step_cost"]
@@ -268,7 +286,9 @@ def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: i
             for name, d in decoders.items():
                 if d.get("rows_as_plain", 0) < d.get("rows", 0):
                     print(f"  {name}: {d['rows'] - d['rows_as_plain']} of {d['rows']} greedy rows differ from "
-                          "plain decoding", flush=True)
+                          "plain decoding; first differences (prompt, new-token position, plain token, this "
+                          "token): " + ", ".join(f"({x['prompt']}, {x['position']}, {x['plain']}, {x['this']})"
+                                                 for x in d["differences"]), flush=True)
             _save(result, out_dir)                    # so far: an interrupted sweep keeps what it measured
     result["memory"] = {spec: drafter_memory(model, d, max(ks), len(ids[0]), max_new_tokens)
                         for spec, d in made.items()}

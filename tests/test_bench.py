@@ -78,6 +78,11 @@ def test_bench_counts_greedy_rows_that_differ_from_plain(monkeypatch):
     result = bench.bench_decoders(m, prompts, 5, {"ngram": NGram()}, ks=(2,), batch=2)
     assert (result["ngram K=2"]["rows_as_plain"], result["ngram K=2"]["rows"]) == (2, 4)     # 1 of 2 rows, 2 groups
     assert result["ngram adaptive K<=2"]["rows_as_plain"] == 4
+    plain_rows = real(m, prompts[:2], max_new_tokens=5).tokens           # groups [0, 1] and [2, 0]: rows 1, 0 changed
+    assert result["ngram K=2"]["differences"] == [{"prompt": i, "position": len(plain_rows[i]) - 1,
+                                                   "plain": plain_rows[i][-1], "this": plain_rows[i][-1] + 1}
+                                                  for i in (1, 0)]
+    assert result["ngram adaptive K<=2"]["differences"] == []
     table = bench.markdown({"model": "tiny", "backend": "cpu", "prompts": 3, "max_new_tokens": 5,
                             "runs": [{"batch": 2, "temperature": 0.0, "decoders": result}]})
     assert "| 2/4 |" in table and "| 4/4 |" in table
