@@ -34,6 +34,11 @@ class Context(NamedTuple):
                              # pass (P = the largest K + 1; entries past that pass's tokens are padding);
                              # before the first step index 0 holds the prompt's last position
 
+    def feature_positions(self, n_prev: jax.Array) -> jax.Array:
+        """int32[B, P]: the positions of `features`, the last pass having accepted n_prev[B] drafts:
+        its inputs were the n_prev + 1 tokens before `last` (and padding), from history_len - 2 - n_prev."""
+        return (self.history_len - 2 - n_prev)[:, None] + jnp.arange(self.features.shape[2])
+
 
 class Drafter:
     """Base class: subclasses override the methods below."""

@@ -61,13 +61,8 @@ class Eagle(Drafter):
         stored = jnp.zeros(features.shape[:2] + (capacity,) + features.shape[3:], features.dtype)
         return rollback(cache, lengths - 1), jnp.zeros((B,), jnp.int32), lengths - 1, stored
 
-    @staticmethod
-    def _first_pos(state, ctx: Context):
-        """int32[B]: the first position whose pair the last pass revealed (n_prev + 1 of them)."""
-        return ctx.history_len - 1 - state[1] - 1
-
     def _catch_up(self, params, state, ctx: Context):
-        """The head cache with the pairs of positions [written, first_pos) written from the stored features."""
+        """The head cache with the pairs of positions [written, the last pass's first) from the stored features."""
         cache, _, written, stored = state
         rows, head = jnp.arange(ctx.last.shape[0])[:, None], params["head"]
 
@@ -76,13 +71,13 @@ class Eagle(Drafter):
             return eagle_step(head, params["embed"], fuse_features(head, stored[:, rows, pos]), tokens, cache,
                               self.cfg)[2]
 
-        return catch_up(feed, cache, written, self._first_pos(state, ctx), stored.shape[2])
+        return catch_up(feed, cache, written, ctx.feature_positions(state[1])[:, 0], stored.shape[2])
 
     def _write_pairs(self, params, state, ctx: Context):
         """Write the n_prev + 1 pairs the last verify pass left (padded to P, the rest masked)
         -> (head outputs h, draft logits [B, P, ...] at those pairs, cache rolled back to the target's)."""
         cache, target_len = state[0], ctx.history_len - 1
-        first_pos = self._first_pos(state, ctx)
+        first_pos = ctx.feature_positions(state[1])[:, 0]   # the first pair the last pass revealed
         P = ctx.features.shape[2]
         tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(P), ctx.history.shape[1] - 1)
         tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
@@ -94,9 +89,8 @@ class Eagle(Drafter):
     def sync(self, params, state, ctx: Context):
         """Store the last pass's features at their positions (no head pass; see _catch_up)."""
         cache, n_prev, written, stored = state
-        B, P = ctx.last.shape[0], ctx.features.shape[2]
-        pos = self._first_pos(state, ctx)[:, None] + jnp.arange(P)                        # [B, P]
-        stored = stored.at[:, jnp.arange(B)[:, None], pos].set(ctx.features.astype(stored.dtype), mode="drop")
+        rows, pos = jnp.arange(ctx.last.shape[0])[:, None], ctx.feature_positions(n_prev)    # [B, P]
+        stored = stored.at[:, rows, pos].set(ctx.features.astype(stored.dtype), mode="drop")
         return cache, n_prev, written, stored
 
     def propose(self, params, state, ctx: Context, key, num_draft: int):

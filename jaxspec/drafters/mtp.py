@@ -84,8 +84,7 @@ class MTP(Drafter):
         """The h^0 buffer with the last pass's h^0 at positions n - 2 - n_prev .. (those up to n - 2 are final)."""
         buf, n_prev = state[1], state[2]
         rows = jnp.arange(buf.shape[0])[:, None]
-        pos = (ctx.history_len - 2 - n_prev)[:, None] + jnp.arange(ctx.features.shape[2])
-        return buf.at[rows, pos].set(ctx.features[0].astype(buf.dtype), mode="drop")
+        return buf.at[rows, ctx.feature_positions(n_prev)].set(ctx.features[0].astype(buf.dtype), mode="drop")
 
     def _catch_up(self, params, cache, buf, written, end, ctx: Context):
         """Every module over positions [written, end) (all inputs final there), CATCH_UP at a time."""
