@@ -333,6 +333,7 @@ def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_atten
         features = jnp.zeros((len(drafter.hidden_layers), B, tokens.shape[1], cfg.hidden_size),
                              params["embed"].dtype)
         dstate = drafter.init(dparams, jnp.asarray(tokens), lengths, cache.capacity, features)
+        dstate = jax.tree_util.tree_map(jnp.copy, dstate)   # the timing donates it: no buffer shared with the caller
         history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
         ctx = Context(history[jnp.arange(B), lengths - 1], history, lengths + 1, sampling,
                       jnp.zeros(features.shape[:2] + (P, cfg.hidden_size), features.dtype))
@@ -341,12 +342,13 @@ def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_atten
 
     # Every output is returned, caches and drafter state included: XLA drops work whose result is
     # unused, which removed the drafter's sync from K = 0 steps and the cache writes from all. The
-    # cache (argument 2) is donated and passed on; each call first rolls it back to the prompts.
+    # cache and the drafter state (arguments 2 and 3) are donated and passed on; each call first rolls
+    # the cache back to the prompts.
     def plain(params, dparams, cache, dstate, ctx, key):
         cache = rollback(cache, ctx.history_len - 1)
         live = _live(cache, jnp.zeros((B,), bool), 1, live_attention)
         logits, _, cache = forward(params, ctx.last[:, None], cache, cfg, live=live)
-        return cache, sample_tokens(key, logits, ctx.sampling)
+        return (cache, dstate), sample_tokens(key, logits, ctx.sampling)
 
     def spec(k):
         step = functools.partial(_spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
@@ -355,7 +357,7 @@ def _step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_atten
             cache = rollback(cache, ctx.history_len - 1)
             live = _live(cache, jnp.zeros((B,), bool), k + 1, live_attention)
             n, emitted, cache, dstate, hidden = step(params, dparams, cache, dstate, ctx, key, live)
-            return cache, (n, emitted, dstate, hidden)
+            return (cache, dstate), (n, emitted, hidden)
         return timed
 
     greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))

@@ -96,15 +96,15 @@ _COSTS: dict = {}
 
 
 def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, rounds: tuple = (15, 60),
-                  budget_s: float = 4.0, thread: int = 2) -> dict:
+                  budget_s: float = 4.0, thread: tuple = (2, 3)) -> dict:
     """Cost of one step with each candidate K in plain steps, measured once per key (cached).
 
     make_args() builds the steps' arguments, called only for a new key. plain_step(*args) is a target
     step without a drafter; spec_step(K)(*args) a full step with K drafts (K = 0: plain plus the
-    drafter's sync). Both return (args[thread], outputs): that argument
-    (the KV cache) is donated and passed on from call to call, so its update is in place as in the
-    loop (an undonated cache is copied every call: at batch 16 that made K=3 look 20% cheaper than it
-    ran). Each is compiled, then timed in rounds that run the plain step and every K one after
+    drafter's sync). Both return (the arguments numbered in `thread`, outputs): those (the KV cache
+    and the drafter's state) are donated and passed on from call to call, so they are updated in
+    place as in the loop. An undonated cache is copied every call: at batch 16 that made K=3 look 20%
+    cheaper than it ran; an undonated drafter state made EAGLE's K = 0 step cost 1.15 plain steps. Each is compiled, then timed in rounds that run the plain step and every K one after
     another; a K's cost is the median over rounds of its time over the same round's plain time, so
     load that drifts on a shared machine hits both. Rounds go on from rounds[0] until budget_s of
     timing or rounds[1]: at batch 1 (30 ms steps) 15 rounds put EAGLE's K = 3 anywhere in
@@ -121,8 +121,10 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, round
 
     def seconds(fn) -> float:
         t = time.perf_counter()
-        args[thread], out = fn(*args)
-        jax.block_until_ready(out)
+        threaded, out = fn(*args)
+        for i, x in zip(thread, threaded):
+            args[i] = x
+        jax.block_until_ready((threaded, out))
         return time.perf_counter() - t
 
     plain_fn = jax.jit(plain_step, donate_argnums=thread)
