@@ -103,14 +103,15 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, round
     step without a drafter; spec_step(K)(*args) a full step with K drafts (K = 0: plain plus the
     drafter's sync). Both return (the arguments numbered in `thread`, outputs): those (the KV cache
     and the drafter's state) are donated and passed on from call to call, so they are updated in
-    place as in the loop. An undonated cache is copied every call: at batch 16 that made K=3 look 20%
-    cheaper than it ran; an undonated drafter state made EAGLE's K = 0 step cost 1.15 plain steps. Each is compiled, then timed in rounds that run the plain step and every K one after
+    place as in the loop. An undonated cache is copied every call: at batch 16 that made K=3 look
+    20% cheaper than it ran; an undonated drafter state made EAGLE's K = 0 step cost 1.15 plain
+    steps. Each is compiled, then timed in rounds that run the plain step and every K one after
     another; a K's cost is the median over rounds of its time over the same round's plain time, so
     load that drifts on a shared machine hits both. Rounds go on from rounds[0] until budget_s of
     timing or rounds[1]: at batch 1 (30 ms steps) 15 rounds put EAGLE's K = 3 anywhere in
-    1.68-1.98 from one measurement to the next, 45 rounds in 1.68-1.81. K = 0, 1 and the largest K are
-    measured; K in between is interpolated linearly (drafting and verifying grow about linearly in
-    K), which saves a compilation per K.
+    1.68-1.98 from one measurement to the next, 45 rounds in 1.68-1.81. K = 0, 1 and the largest K
+    are measured; K in between is interpolated linearly (drafting and verifying grow about linearly
+    in K), which saves a compilation per K.
     -> {"costs": float32[len(ks)], "errors": float32[len(ks)] (their standard errors), "plain_seconds":
     float, "seconds": time spent here}."""
     if key in _COSTS:
