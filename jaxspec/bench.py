@@ -26,15 +26,22 @@ BUILTIN_PROMPTS = ["Explain why the sky is blue.", "Write a Python function that
                    "Natalia sold clips to 48 friends in April and half as many in May. How many in all?"]
 
 
-def read_prompts(path: str | None, limit: int) -> list[str]:
-    """`limit` prompts spread evenly over a JSONL file with a "prompt" field (default: eval.jsonl)."""
+def read_prompts(path: str | None, limit: int, source: str | None = None) -> list[str]:
+    """`limit` prompts spread evenly over a JSONL file with a "prompt" field (default: eval.jsonl);
+    source: only the rows whose "source" field is this (e.g. gsm8k-test, humaneval, vicuna-80)."""
     path = path or DEFAULT_PROMPTS
     if not os.path.isfile(path):
-        if path != DEFAULT_PROMPTS:
+        if path != DEFAULT_PROMPTS or source:
             raise ValueError(f"prompt file not found: {path}")
         return BUILTIN_PROMPTS[:limit]
     with open(path) as f:
-        rows = [json.loads(line)["prompt"] for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()]
+    if source:
+        found = sorted({r.get("source", "") for r in rows})
+        rows = [r for r in rows if r.get("source") == source]
+        if not rows:
+            raise ValueError(f"--source {source!r}: no prompt of that source in {path} (it has {', '.join(found)})")
+    rows = [r["prompt"] for r in rows]
     if limit >= len(rows):
         return rows
     return [rows[i] for i in np.linspace(0, len(rows) - 1, limit).round().astype(int)]  # spread over the file
@@ -262,19 +269,19 @@ def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_i
 
 def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: int,
         peer: str | None, out_dir: str | None, drafters=("ngram",), ks=(5,), batch_sizes=(1,),
-        temperatures=(0.0,), adaptive: bool = True, repeats: int = 1) -> dict:
+        temperatures=(0.0,), adaptive: bool = True, repeats: int = 1, source: str | None = None) -> dict:
     from .loading import load
     from .loading.registry import NAMED_MODELS, resolve_named
     from .sampling import Sampling
 
     model = load(model_name) if isinstance(model_name, str) else model_name     # a name, path or Model
     model_name = model_name if isinstance(model_name, str) else model.source
-    texts = read_prompts(prompt_file, num_prompts)
+    texts = read_prompts(prompt_file, num_prompts, source)
     ids = [model.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
            for t in texts]
     made = {spec: make_drafter(spec, model) for spec in drafters}
     result = {"model": model_name, "backend": jax.default_backend(), "prompts": len(ids),
-              "prompt_file": prompt_file or DEFAULT_PROMPTS, "max_new_tokens": max_new_tokens,
+              "prompt_file": prompt_file or DEFAULT_PROMPTS, "source": source, "max_new_tokens": max_new_tokens,
               "ks": list(ks), "adaptive": adaptive, "repeats": repeats, "runs": []}
     for temperature in temperatures:
         for batch in batch_sizes:
@@ -355,7 +362,8 @@ def _rows(d: dict) -> str:
 
 
 def markdown(r: dict) -> str:
-    lines = [f"Model {r['model']} on {r['backend']}, {r['prompts']} prompts, up to {r['max_new_tokens']} new "
+    source = f" of source {r['source']}" if r.get("source") else ""
+    lines = [f"Model {r['model']} on {r['backend']}, {r['prompts']} prompts{source}, up to {r['max_new_tokens']} new "
              "tokens. Speedup: tokens/s over plain decoding at the same batch size and sampling, same run, "
              "prompt pass included; decode: the same after each row's first token (the prompt pass apart); "
              f"{r.get('repeats', 1)} repeat(s), in brackets the range over repeats. "

@@ -87,7 +87,7 @@ def cmd_bench(args) -> int:
         raise ValueError("-k, --batch-sizes and --repeats need values >= 1, --temperatures values >= 0")
     result = bench.run(args.model, args.prompts, args.num_prompts, args.max_new_tokens, args.peer, args.out,
                        drafters=drafters, ks=ks, batch_sizes=batch_sizes, temperatures=temperatures,
-                       adaptive=not args.no_adaptive, repeats=args.repeats)
+                       adaptive=not args.no_adaptive, repeats=args.repeats, source=args.source)
     print(bench.markdown(result))
     return 0
 
@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="decoding speed, measured as ratios in one run")
     b.add_argument("--model", default=DEFAULT_MODEL)
     b.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: eval.jsonl)")
+    b.add_argument("--source", default=None,
+                   help="only the prompts of this source (the rows' 'source' field: gsm8k-test, humaneval, vicuna-80)")
     b.add_argument("--num-prompts", type=int, default=4)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--peer", choices=["transformers"], default=None)

@@ -117,6 +117,12 @@ def test_bench_prompt_file_and_drafter_names(tmp_path):
     assert bench.read_prompts(str(f), 50) == [f"q{i}" for i in range(10)]
     with pytest.raises(ValueError, match="not found"):
         bench.read_prompts(str(tmp_path / "none.jsonl"), 3)
+    g = tmp_path / "sources.jsonl"
+    g.write_text("".join(f'{{"source": "{"code" if i % 3 == 0 else "math"}", "prompt": "q{i}"}}\n' for i in range(12)))
+    assert bench.read_prompts(str(g), 2, "code") == ["q0", "q9"]   # spread over that source's rows
+    assert bench.read_prompts(str(g), 50, "math") == [f"q{i}" for i in range(12) if i % 3]
+    with pytest.raises(ValueError, match="chat.*code, math"):
+        bench.read_prompts(str(g), 2, "chat")
     with pytest.raises(ValueError, match="unknown drafter"):
         bench.make_drafter("magic", tiny_model())
     assert bench.make_drafter("ngram:4:2", None).max_ngram == 4

@@ -1,25 +1,30 @@
 """Acceptance checks during training: real speculative decoding through jaxspec.generate."""
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
-from .data import MANIFEST, read_prompt_file
+from .data import read_manifest
+from .prompts import pool_file, read_prompt_file
 
 
-def heldout_prompts(model, data_dir: str, prompts_path: str, limit: int) -> list[list[int]]:
-    """The first `limit` held-out prompts recorded in the data manifest, chat-templated token ids."""
-    with open(os.path.join(data_dir, MANIFEST)) as f:
-        manifest = json.load(f)
-    if os.path.basename(prompts_path) != manifest["settings"]["prompts_file"]:
-        raise ValueError(f"the data in {data_dir} was made from {manifest['settings']['prompts_file']}, "
-                         f"not {prompts_path}")
-    texts = read_prompt_file(prompts_path)
-    return [model.tokenizer.apply_chat_template([{"role": "user", "content": texts[i]}],
-                                                add_generation_prompt=True)
-            for i in manifest["heldout_prompt_indices"][:limit]]
+def heldout_prompts(model, data_dir: str, prompts_dir: str, limit: int) -> list[list[int]]:
+    """`limit` held-out prompts of the data's last part, chat-templated token ids, taken from its pools in
+    turn (so a mixed part checks math, code and chat alike). prompts_dir: the folder of the prompt files
+    (or one of those files)."""
+    if os.path.isfile(prompts_dir):
+        prompts_dir = os.path.dirname(os.path.abspath(prompts_dir))
+    part = read_manifest(data_dir)["parts"][-1]
+    held = [part["heldout"][pool] for pool in part["settings"]["mix"]]
+    chosen = [(pool, idx[r]) for r in range(max(map(len, held), default=0))
+              for pool, idx in zip(part["settings"]["mix"], held) if r < len(idx)][:limit]
+    texts = {}
+    for pool, _ in chosen:
+        if pool_file(pool) not in texts:
+            texts[pool_file(pool)] = read_prompt_file(os.path.join(prompts_dir, pool_file(pool)))
+    return [model.tokenizer.apply_chat_template([{"role": "user", "content": texts[pool_file(pool)][i]}],
+                                                add_generation_prompt=True) for pool, i in chosen]
 
 
 def acceptance(model, drafter, prompts: list[list[int]], max_new_tokens: int = 64, num_draft_tokens: int = 5,

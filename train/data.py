@@ -1,30 +1,32 @@
 """Self-distilled training data: the target answers training prompts through its chat template.
 
-Answers come from jaxspec's own batched generation (greedy by default) and are stored as token
-ids (uint16 when the vocabulary fits) in numbered shards, each written atomically, so a killed
-run resumes at the first missing shard. A manifest records the target, its weight fingerprint,
-the settings and the held-out prompt indices (for acceptance checks during training).
+Answers come from jaxspec's own batched generation and are stored as token ids (uint16 when the
+vocabulary fits) in numbered shards, each written atomically, so a killed run resumes at the first
+missing shard. The data is made in parts: each part draws its prompts from a mix of prompt pools
+(train/prompts.py) with its own settings, and answers a stated fraction of them by sampling at a
+temperature (the rest greedily). A manifest records the target, its weight fingerprint and, per
+part, the settings, its first shard and the held-out prompt indices (for acceptance checks).
+
+Manifest version 1 (one prompt file, greedy, one part) is read as a one-part version 2 manifest;
+its shards stay as they are and a new part continues after them.
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 
 import numpy as np
 from tqdm import tqdm
 
+from .prompts import DEFAULT_DIR, parse_mix, pool_file, pool_orders, read_prompt_file, stream
+
 MANIFEST = "manifest.json"
+MAKING_LOG = "making.jsonl"        # one line per shard made: answer tokens, seconds, batch size
 
-
-def read_prompt_file(path: str) -> list[str]:
-    if not os.path.isfile(path):
-        raise ValueError(f"prompt file not found: {path}")
-    with open(path) as f:
-        rows = [json.loads(line)["prompt"] for line in f if line.strip()]
-    if not rows:
-        raise ValueError(f"{path} holds no prompts")
-    return rows
+__all__ = ["make_data", "read_manifest", "read_prompt_file", "shard_names", "read_shard", "iter_examples",
+           "summary", "MANIFEST"]
 
 
 def _shard_path(out_dir: str, index: int) -> str:
@@ -37,78 +39,178 @@ def _write_atomic_npz(path: str, **arrays) -> None:
     os.replace(tmp, path)
 
 
-def make_data(model, prompts_path: str, out_dir: str, num_prompts: int = 2048, heldout: int = 64,
-              max_new_tokens: int = 256, max_prompt_tokens: int = 384, batch_size: int = 16,
-              shard_size: int = 64, seed: int = 0, progress: bool = True) -> dict:
-    """Generate (or resume) answers for `num_prompts` shuffled prompts; -> the manifest dict.
+def read_manifest(data_dir: str) -> dict:
+    """The data manifest as version 2: {"version", "target", "fingerprint", "parts": [{"first_shard",
+    "settings" (with "mix": {pool: weight}), "heldout": {pool: [prompt index]}}]}."""
+    path = os.path.join(data_dir, MANIFEST)
+    if not os.path.isfile(path):
+        raise ValueError(f"{data_dir} holds no data manifest: run `jaxspec train data` first")
+    with open(path) as f:
+        m = json.load(f)
+    if m.get("version", 1) == 2:
+        return m
+    s = m["settings"]                                      # version 1: one prompt file, greedy answers
+    part = {"first_shard": 0, "heldout": {s["prompts_file"]: m["heldout_prompt_indices"]},
+            "settings": {**s, "mix": {s["prompts_file"]: 1.0}, "sampled_fraction": 0.0,
+                         "heldout": len(m["heldout_prompt_indices"])}}
+    return {"version": 2, "target": s["target"], "fingerprint": s["fingerprint"], "parts": [part],
+            "migrated_from": 1}
 
-    The first `heldout` of the shuffled prompts are kept out of the data (acceptance checks). Calling
-    again with a larger num_prompts and otherwise the same settings extends the data: the shuffled order
-    continues and the existing shards are kept."""
-    from jaxspec import generate
 
-    texts = read_prompt_file(prompts_path)
-    if not 0 < num_prompts + heldout <= len(texts):
-        raise ValueError(f"num_prompts + heldout must lie in [1, {len(texts)}], got {num_prompts + heldout}")
-    order = np.random.default_rng(seed).permutation(len(texts))
-    heldout_idx, train_idx = order[:heldout], order[heldout:heldout + num_prompts]
+def _part_shards(part: dict) -> int:
+    s = part["settings"]
+    return -(-s["num_prompts"] // s["shard_size"])
+
+
+def _used_prompts(data_dir: str, manifest: dict) -> dict[str, set]:
+    """Prompt indices per file that earlier parts answered, skipped or held out."""
+    used: dict[str, set] = {}
+    for part in manifest["parts"]:
+        pools = list(part["settings"]["mix"])
+        for pool, idx in part["heldout"].items():
+            used.setdefault(pool_file(pool), set()).update(idx)
+        for s in range(part["first_shard"], part["first_shard"] + _part_shards(part)):
+            path = _shard_path(data_dir, s)
+            if not os.path.isfile(path):
+                raise ValueError(f"{path} is missing: finish the part it belongs to before starting a new one")
+            with np.load(path) as z:
+                pool_of = z["pool"] if "pool" in z else np.zeros(len(z["prompt_index"]), np.int64)
+                for p, i in zip(pool_of.tolist(), z["prompt_index"].tolist()):
+                    used.setdefault(pool_file(pools[p]), set()).add(i)
+                skipped_pool = z["skipped_pool"] if "skipped_pool" in z else np.zeros(len(z["skipped"]), np.int64)
+                for p, i in zip(skipped_pool.tolist(), z["skipped"].tolist()):
+                    used.setdefault(pool_file(pools[p]), set()).add(i)
+    return used
+
+
+def make_data(model, mix, out_dir: str, num_prompts: int = 2048, heldout: int = 64, max_new_tokens: int = 256,
+              max_prompt_tokens: int = 384, batch_size: int = 16, shard_size: int = 64, seed: int = 0,
+              sampled_fraction: float = 0.0, temperature: float = 0.7, prompts_dir: str | None = None,
+              new_part: bool = False, progress: bool = True) -> dict:
+    """Generate (or resume) answers for `num_prompts` prompts drawn from `mix`; -> the manifest dict.
+
+    mix: {pool: weight}, a --mix string (train/prompts.py), or the path of one prompt file. Pools name
+    files in prompts_dir. `heldout` prompts of each pool are kept out of the data (acceptance checks).
+    In each shard the last round(sampled_fraction * rows) prompts are answered by sampling at
+    `temperature`, the others greedily; each group runs sorted by prompt length in calls of batch_size
+    rows. Calling again with a larger num_prompts and otherwise the same settings extends the last part
+    (its draws continue); new_part=True starts a part with other settings after the existing shards,
+    on prompts no earlier part used."""
+    from jaxspec import Sampling, generate
+
+    if isinstance(mix, str) and prompts_dir is None and "=" not in mix and "," not in mix:   # one file's path
+        prompts_dir, mix = os.path.dirname(os.path.abspath(mix)), {os.path.basename(mix): 1.0}
+    elif isinstance(mix, str):
+        mix = parse_mix(mix)
+    prompts_dir = prompts_dir or DEFAULT_DIR
+    for pool in mix:
+        if not os.path.isfile(os.path.join(prompts_dir, pool_file(pool))):
+            raise ValueError(f"prompt file not found: {os.path.join(prompts_dir, pool_file(pool))}")
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+    if not 0.0 <= sampled_fraction <= 1.0:
+        raise ValueError(f"sampled_fraction must lie in [0, 1], got {sampled_fraction}")
+    if sampled_fraction and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for sampled answers, got {temperature}")
+    settings = {"target": model.source, "fingerprint": model.fingerprint, "mix": dict(mix),
+                "num_prompts": int(num_prompts), "heldout": int(heldout), "max_new_tokens": max_new_tokens,
+                "max_prompt_tokens": max_prompt_tokens, "seed": seed, "shard_size": shard_size,
+                "batch_size": batch_size, "sampled_fraction": sampled_fraction,
+                "temperature": temperature if sampled_fraction else 0.0}
     os.makedirs(out_dir, exist_ok=True)
-    settings = {"target": model.source, "fingerprint": model.fingerprint,
-                "prompts_file": os.path.basename(prompts_path), "num_prompts": int(num_prompts),
-                "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens, "seed": seed,
-                "shard_size": shard_size, "sampling": "greedy"}
     manifest_path = os.path.join(out_dir, MANIFEST)
     if os.path.isfile(manifest_path):
-        with open(manifest_path) as f:
-            old_manifest = json.load(f)
-        old = old_manifest["settings"]
-        if {**old, "num_prompts": num_prompts} != settings:
-            raise ValueError(f"{out_dir} holds data made with other settings: {old} "
-                             f"(now {settings}); use another --out or the same settings")
-        if old_manifest["heldout_prompt_indices"] != heldout_idx.tolist():
-            raise ValueError(f"{out_dir} keeps out other prompts ({len(old_manifest['heldout_prompt_indices'])} "
-                             f"held out, now {heldout}); use the same --heldout or another --out")
-        if num_prompts < old["num_prompts"]:
+        manifest = read_manifest(out_dir)
+        if manifest["fingerprint"] != model.fingerprint:
+            raise ValueError(f"{out_dir} holds data made by a target with weights {manifest['fingerprint']}, "
+                             f"not this one ({model.fingerprint})")
+        last = manifest["parts"][-1]
+        old = last["settings"]
+        same = {**old, "num_prompts": num_prompts} == settings
+        if new_part:
+            first = last["first_shard"] + _part_shards(last)
+            part = {"first_shard": first, "settings": settings}
+            manifest["parts"].append(part)
+        elif not same and {**old, "num_prompts": num_prompts, "heldout": heldout} == settings:
+            raise ValueError(f"{out_dir} keeps out other prompts ({old['heldout']} held out per pool, now "
+                             f"{heldout}); use the same --heldout or another --out")
+        elif not same:
+            raise ValueError(f"{out_dir} holds data made with other settings: {old} (now {settings}); use "
+                             f"the same settings to extend it, --new-part to add a part, or another --out")
+        elif num_prompts < old["num_prompts"]:
             raise ValueError(f"{out_dir} holds answers for {old['num_prompts']} prompts; --num-prompts can grow "
-                             f"(the same shuffled order continues) but not shrink")
-        partial = old["num_prompts"] % shard_size
-        if partial and num_prompts > old["num_prompts"]:     # its last shard gains prompts: make it again
-            last = _shard_path(out_dir, old["num_prompts"] // shard_size)
-            if os.path.isfile(last):
-                os.remove(last)
-    manifest = {"settings": settings, "heldout_prompt_indices": heldout_idx.tolist()}
-    with open(manifest_path, "w") as f:
+                             f"(the same draws continue) but not shrink")
+        else:
+            part = last
+            partial = old["num_prompts"] % shard_size
+            if partial and num_prompts > old["num_prompts"]:     # its last shard gains prompts: make it again
+                stale = _shard_path(out_dir, part["first_shard"] + old["num_prompts"] // shard_size)
+                if os.path.isfile(stale):
+                    os.remove(stale)
+            part["settings"] = settings
+    else:
+        manifest = {"version": 2, "target": model.source, "fingerprint": model.fingerprint, "parts": []}
+        part = {"first_shard": 0, "settings": settings}
+        manifest["parts"].append(part)
+    earlier = {**manifest, "parts": [p for p in manifest["parts"] if p is not part]}
+    held, order, texts = pool_orders(mix, prompts_dir, seed, heldout, _used_prompts(out_dir, earlier))
+    if "heldout" in part and part["heldout"] != held:
+        raise ValueError(f"{out_dir}: the prompt files changed since this part was made (its held-out prompts "
+                         f"differ); use the files it was made from or another --out")
+    part["heldout"] = held
+    items = stream(mix, order, seed, num_prompts)          # checks every pool has enough prompts first
+    manifest.pop("migrated_from", None)
+    with open(manifest_path + ".tmp", "w") as f:
         json.dump(manifest, f, indent=1)
+    os.replace(manifest_path + ".tmp", manifest_path)
 
-    rows_per_call = min(batch_size, shard_size)
+    pools = list(mix)
+    greedy, sampled = Sampling(), Sampling(temperature=temperature)
     dtype = np.uint16 if model.config.vocab_size <= 2**16 else np.int32
-    shards = [train_idx[i:i + shard_size] for i in range(0, len(train_idx), shard_size)]
-    done = sum(os.path.isfile(_shard_path(out_dir, i)) for i in range(len(shards)))
-    bar = tqdm(total=len(train_idx), initial=min(done * shard_size, len(train_idx)), unit="prompt",
+    shards = [items[i:i + shard_size] for i in range(0, len(items), shard_size)]
+    first = part["first_shard"]
+    done = sum(os.path.isfile(_shard_path(out_dir, first + i)) for i in range(len(shards)))
+    bar = tqdm(total=len(items), initial=min(done * shard_size, len(items)), unit="prompt",
                desc="self-distilled answers", disable=not progress)
-    for s, idx in enumerate(shards):
-        if os.path.isfile(_shard_path(out_dir, s)):
+    for s, shard in enumerate(shards):
+        path = _shard_path(out_dir, first + s)
+        if os.path.isfile(path):
             continue
-        encoded = [(int(i), model.tokenizer.apply_chat_template([{"role": "user", "content": texts[i]}],
-                                                                 add_generation_prompt=True)) for i in idx]
-        kept = sorted([e for e in encoded if len(e[1]) <= max_prompt_tokens], key=lambda e: len(e[1]))
-        rows = []
-        for b in range(0, len(kept), batch_size):
-            chunk = kept[b:b + batch_size]
-            # every call has `rows_per_call` rows (the last prompt repeated, its copies' answers dropped):
-            # one compiled program per prompt-length bucket, not one per short batch
-            filler = [chunk[-1][1]] * (rows_per_call - len(chunk))
-            out = generate(model, [ids for _, ids in chunk] + filler, max_new_tokens=max_new_tokens)
-            rows += [(i, ids, ans) for (i, ids), ans in zip(chunk, out.tokens)]
-            bar.update(len(chunk))
-        bar.update(len(idx) - len(kept))
-        seqs = [np.asarray(ids + ans, dtype) for _, ids, ans in rows]
-        _write_atomic_npz(_shard_path(out_dir, s),
+        start, rows, answer_tokens = time.perf_counter(), [], 0
+        n_sampled = int(round(sampled_fraction * len(shard)))
+        encoded = [(pool, int(i), model.tokenizer.apply_chat_template(
+            [{"role": "user", "content": texts[pool_file(pool)][i]}], add_generation_prompt=True), r >= len(shard) - n_sampled)
+            for r, (pool, i) in enumerate(shard)]
+        kept = [e for e in encoded if len(e[2]) <= max_prompt_tokens]
+        for is_sampled in (False, True):
+            group = sorted([e for e in kept if e[3] == is_sampled], key=lambda e: len(e[2]))
+            for b in range(0, len(group), batch_size):
+                chunk = group[b:b + batch_size]
+                # every call has batch_size rows (the last prompt repeated, its copies' answers dropped): one
+                # compiled program per prompt-length bucket, not one per short batch
+                filler = [chunk[-1][2]] * (batch_size - len(chunk))
+                call_seed = int(np.random.default_rng([seed, first + s, b]).integers(2**31))
+                out = generate(model, [ids for _, _, ids, _ in chunk] + filler, max_new_tokens=max_new_tokens,
+                               sampling=sampled if is_sampled else greedy, seed=call_seed)
+                rows += [(e, ans) for e, ans in zip(chunk, out.tokens)]
+                answer_tokens += sum(len(a) for a in out.tokens[:len(chunk)])
+                bar.update(len(chunk))
+                bar.set_postfix(answer_tok_s=f"{answer_tokens / (time.perf_counter() - start):.0f}")
+        bar.update(len(shard) - len(kept))
+        seqs = [np.asarray(e[2] + ans, dtype) for e, ans in rows]
+        skipped = [e for e in encoded if len(e[2]) > max_prompt_tokens]
+        _write_atomic_npz(path,
                           tokens=np.concatenate(seqs) if seqs else np.zeros((0,), dtype),
                           lengths=np.asarray([len(q) for q in seqs], np.int32),
-                          prompt_lengths=np.asarray([len(ids) for _, ids, _ in rows], np.int32),
-                          prompt_index=np.asarray([i for i, _, _ in rows], np.int32),
-                          skipped=np.asarray(sorted(set(map(int, idx)) - {i for i, _ in kept}), np.int32))
+                          prompt_lengths=np.asarray([len(e[2]) for e, _ in rows], np.int32),
+                          prompt_index=np.asarray([e[1] for e, _ in rows], np.int32),
+                          pool=np.asarray([pools.index(e[0]) for e, _ in rows], np.uint8),
+                          temperature=np.asarray([temperature if e[3] else 0.0 for e, _ in rows], np.float32),
+                          skipped=np.asarray([e[1] for e in skipped], np.int32),
+                          skipped_pool=np.asarray([pools.index(e[0]) for e in skipped], np.uint8))
+        with open(os.path.join(out_dir, MAKING_LOG), "a") as f:
+            f.write(json.dumps({"shard": first + s, "prompts": len(rows), "answer_tokens": answer_tokens,
+                                "seconds": round(time.perf_counter() - start, 1), "batch_size": batch_size}) + "\n")
     bar.close()
     return manifest
 
@@ -142,8 +244,28 @@ def iter_examples(data_dir: str) -> Iterator[tuple[np.ndarray, int]]:
 
 
 def summary(data_dir: str) -> dict:
-    """Counts for the README and notes: examples, prompt tokens, answer tokens."""
-    n = prompt = answer = 0
-    for ids, p in iter_examples(data_dir):
-        n, prompt, answer = n + 1, prompt + p, answer + len(ids) - p
-    return {"examples": n, "prompt_tokens": prompt, "answer_tokens": answer}
+    """Counts for the README and notes: examples, prompt tokens, answer tokens, sampled answers, and the
+    examples and answer tokens of each prompt pool."""
+    manifest = read_manifest(data_dir)
+    part_of = {}
+    for part in manifest["parts"]:
+        for s in range(part["first_shard"], part["first_shard"] + _part_shards(part)):
+            part_of[os.path.basename(_shard_path(data_dir, s))] = list(part["settings"]["mix"])
+    n = prompt = answer = sampled = 0
+    pools: dict[str, dict] = {}
+    for name in shard_names(data_dir):
+        seqs, plens = read_shard(data_dir, name)
+        with np.load(os.path.join(data_dir, name)) as z:
+            pool = z["pool"].tolist() if "pool" in z else [0] * len(seqs)
+            temps = z["temperature"] if "temperature" in z else np.zeros(len(seqs))
+        names = part_of.get(name)
+        if names is None:
+            raise ValueError(f"{name} in {data_dir} belongs to no part of its manifest")
+        for ids, p, q in zip(seqs, plens, pool):
+            n, prompt, answer = n + 1, prompt + p, answer + len(ids) - p
+            c = pools.setdefault(names[q], {"examples": 0, "answer_tokens": 0})
+            c["examples"] += 1
+            c["answer_tokens"] += len(ids) - p
+        sampled += int(np.count_nonzero(temps))
+    return {"examples": n, "prompt_tokens": prompt, "answer_tokens": answer, "sampled_answers": sampled,
+            "pools": pools}

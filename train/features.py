@@ -20,7 +20,7 @@ from jaxspec.cache import init_cache
 from jaxspec.generate import bucket
 from jaxspec.models.llama import forward_hidden
 
-from .data import MANIFEST, read_shard, shard_names
+from .data import read_manifest, read_shard, shard_names
 
 INDEX = "features.json"
 
@@ -53,11 +53,10 @@ def feature_dir(data_dir: str, layers) -> str:
 def cache_features(model, data_dir: str, layers, tokens_per_batch: int = 4096, progress: bool = True) -> str:
     """Compute (or resume) the cached features of every data shard; -> the feature folder."""
     layers = tuple(int(j) for j in layers)
-    with open(os.path.join(data_dir, MANIFEST)) as f:
-        manifest = json.load(f)
-    if manifest["settings"]["fingerprint"] != model.fingerprint:
+    fingerprint = read_manifest(data_dir)["fingerprint"]
+    if fingerprint != model.fingerprint:
         raise ValueError(f"the data in {data_dir} was made by a target with weights "
-                         f"{manifest['settings']['fingerprint']}, not this one ({model.fingerprint})")
+                         f"{fingerprint}, not this one ({model.fingerprint})")
     out = feature_dir(data_dir, layers)
     os.makedirs(out, exist_ok=True)
     index_path = os.path.join(out, INDEX)

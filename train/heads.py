@@ -2,19 +2,17 @@
 check, and the head written at the end with metadata (target, data, steps, measured acceptance)."""
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 
 from . import loop
 from .acceptance import acceptance
-from .data import MANIFEST, summary
+from .data import read_manifest, summary
 from .plots import plot_run
 
 
-def data_settings(data_dir: str) -> dict:
-    with open(os.path.join(data_dir, MANIFEST)) as f:
-        return json.load(f)["settings"]
+def data_settings(data_dir: str) -> list[dict]:
+    """The settings of each part of the data (train/data.py)."""
+    return [p["settings"] for p in read_manifest(data_dir)["parts"]]
 
 
 def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, loss_fn: Callable, params,
@@ -42,7 +40,7 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
     drafter.metadata.update({
         "target": model.source, "target_fingerprint": model.fingerprint,
         "data": {**summary(data_dir), "tokens_trained_on": batches.num_tokens,
-                 "prompts_file": data_settings(data_dir)["prompts_file"], **data_meta},
+                 "mix": [s["mix"] for s in data_settings(data_dir)], **data_meta},
         "training": {"steps": done, "schedule_steps": train_cfg.steps, "lr": train_cfg.lr,
                      "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
                      "train_seconds": train_seconds, **training_meta},
