@@ -229,3 +229,50 @@ def test_feature_cache_pads_rows_to_few_shapes_and_matches_the_target(tiny_data,
     np.testing.assert_allclose(np.asarray(got), np.asarray(want.astype(jnp.bfloat16).astype(jnp.float32)),
                                rtol=1e-2, atol=1e-2)
     assert sum(rows) > sum(1 for _ in data.iter_examples(str(local)))     # some groups were padded
+
+
+def test_onpolicy_round_trains_the_draft_on_its_own_answers(tiny_data, tmp_path):
+    from train.onpolicy import onpolicy_rounds
+
+    m, data_dir, prompts = tiny_data
+    held = heldout_prompts(m, data_dir, prompts, 8)
+    start = str(tmp_path / "start")                     # a briefly distilled draft (off-policy, KL)
+    train_draft(m, data_dir, start, loop.TrainConfig(steps=20, lr=3e-3, warmup=2, save_every=20, eval_every=0),
+                **DRAFT_KW)
+    before = acceptance(m, DraftModel.load(start), held, 24)["mean_accepted_length"]
+    cfg = loop.TrainConfig(steps=60, lr=3e-3, warmup=5, save_every=30, eval_every=0, log_every=5)
+    onpolicy_data, out = str(tmp_path / "onpolicy-data"), str(tmp_path / "onpolicy")
+    kw = dict(rounds=1, prompts_per_round=32, mix="prompts.jsonl", prompts_dir=os.path.dirname(prompts),
+              sampled_fraction=0.25, max_new_tokens=24, batch_size=16, shard_size=32, heldout=2,
+              keep_out=data_dir, eval_prompts=held, eval_tokens=24, feature_layers=LAYERS, tokens_per_batch=512,
+              progress=False)
+    drafter = onpolicy_rounds(m, start, onpolicy_data, out, cfg, **kw)
+    after = acceptance(m, drafter, held, 24)["mean_accepted_length"]
+    print(f"tiny on-policy draft: mean accepted length {before:.2f} -> {after:.2f}")
+    assert after > before + 0.3
+    assert drafter.metadata["training"]["loss"] == "tv" and drafter.metadata["training"]["init"] == start
+    losses = [r["loss"] for r in loop.read_metrics(os.path.join(out, "round-0")) if "loss" in r]
+    assert losses[-1] < 0.8 * losses[0]
+    # the answers are the starting draft's own (greedy rows), on prompts the acceptance check never sees
+    writer = DraftModel.load(start).model
+    part = data.read_manifest(onpolicy_data)["parts"][0]
+    assert part["settings"]["writer"]["fingerprint"] == writer.fingerprint
+    kept_out = data.heldout_indices(data_dir)["prompts.jsonl"]
+    with np.load(os.path.join(onpolicy_data, "shard-00000.npz")) as z:
+        assert not set(z["prompt_index"].tolist()) & kept_out
+        temps = z["temperature"].tolist()
+    seqs, plens = data.read_shard(onpolicy_data, "shard-00000.npz")
+    greedy = [(s, p) for s, p, t in zip(seqs, plens, temps) if t == 0]
+    assert len(greedy) == 24
+    for ids, p in greedy[:4]:
+        assert ids[p:].tolist() == jaxspec_generate(writer, [ids[:p].tolist()], max_new_tokens=24).tokens[0]
+    # a finished round is kept: calling again trains nothing more
+    records = loop.read_metrics(os.path.join(out, "round-0"))
+    again = onpolicy_rounds(m, start, onpolicy_data, out, cfg, **kw)
+    assert loop.read_metrics(os.path.join(out, "round-0")) == records
+    assert jax.tree.all(jax.tree.map(np.array_equal, again.model.params, drafter.model.params))
+
+
+def jaxspec_generate(*a, **k):
+    import jaxspec
+    return jaxspec.generate(*a, **k)

@@ -14,11 +14,18 @@ def cmd_data(args) -> int:
     from . import data
 
     model = jaxspec.load(args.target)
+    writer = None
+    if args.writer:
+        from jaxspec.drafters import DraftModel
+        draft = DraftModel.load(args.writer)
+        draft.check_target(model)
+        writer = draft.model
     manifest = data.make_data(model, args.prompts or args.mix, args.out, num_prompts=args.num_prompts,
                               heldout=args.heldout, max_new_tokens=args.max_new_tokens,
                               batch_size=args.batch_size, shard_size=args.shard_size, seed=args.seed,
                               sampled_fraction=args.sampled_fraction, temperature=args.temperature,
-                              prompts_dir=None if args.prompts else args.prompts_dir, new_part=args.new_part)
+                              prompts_dir=None if args.prompts else args.prompts_dir, new_part=args.new_part,
+                              writer=writer)
     counts = data.summary(args.out)
     print(f"{args.out}: {counts['examples']} examples, {counts['prompt_tokens']} prompt tokens, "
           f"{counts['answer_tokens']} answer tokens ({counts['sampled_answers']} answers sampled; "
@@ -39,7 +46,8 @@ def _train(args, what: str, train_fn, **kwargs) -> int:
     model = jaxspec.load(args.target)
     cfg = loop.TrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, save_every=args.save_every,
                            eval_every=args.eval_every, log_every=args.log_every)
-    held = heldout_prompts(model, args.data, args.prompts_dir, args.eval_prompts) if args.eval_prompts else None
+    eval_data = getattr(args, "eval_data", None) or args.data
+    held = heldout_prompts(model, eval_data, args.prompts_dir, args.eval_prompts) if args.eval_prompts else None
     drafter = train_fn(model, args.data, args.out, cfg, tokens_per_batch=args.batch_tokens, seed=args.seed,
                        resume=args.resume, eval_prompts=held, eval_tokens=args.eval_tokens, until=args.until,
                        answer_only=args.answer_only, **kwargs)
@@ -63,7 +71,19 @@ def cmd_mtp(args) -> int:
 def cmd_draft(args) -> int:
     from .draft import train_draft
     return _train(args, f"draft model ({args.layers} layers, width {args.width})", train_draft,
-                  hidden_size=args.width, num_layers=args.layers)
+                  hidden_size=args.width, num_layers=args.layers, init=args.init, loss=args.loss)
+
+
+def cmd_onpolicy(args) -> int:
+    from .onpolicy import onpolicy_rounds
+
+    def rounds(model, data_dir, out, cfg, **kw):
+        for unused in ("resume", "until", "answer_only"):
+            kw.pop(unused)
+        return onpolicy_rounds(model, args.draft, data_dir, out, cfg, rounds=args.rounds,
+                               prompts_per_round=args.prompts_per_round, mix=args.mix,
+                               prompts_dir=args.prompts_dir, batch_size=args.batch_size, keep_out=args.eval_data, **kw)
+    return _train(args, f"on-policy draft model ({args.rounds} rounds from {args.draft})", rounds)
 
 
 def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
@@ -109,6 +129,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--sampled-fraction", type=float, default=0.25,
                    help="share of each shard's answers sampled at --temperature (the rest greedy)")
     d.add_argument("--temperature", type=float, default=0.7)
+    d.add_argument("--writer", default=None,
+                   help="a draft model folder that writes the answers instead of the target (on-policy data)")
     d.add_argument("--new-part", action="store_true",
                    help="add a part with these settings after the existing data (prompts not used before)")
     d.add_argument("--seed", type=int, default=0)
@@ -128,4 +150,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     dm.set_defaults(batch_tokens=2048)
     dm.add_argument("--width", type=int, default=192, help="the draft model's width E (tied embeddings)")
     dm.add_argument("--layers", type=int, default=4, help="the draft model's decoder layers")
+    dm.add_argument("--init", default=None, help="a draft model folder to start from (its shape wins)")
+    dm.add_argument("--loss", choices=["kl", "tv"], default="kl",
+                    help="kl: soft cross-entropy to the target; tv: total variation (DistillSpec)")
     dm.set_defaults(handler=cmd_draft)
+    op = tsub.add_parser("onpolicy", help="on-policy rounds: the draft answers new prompts, the target scores "
+                                          "them, the draft is fine-tuned with the TV loss (DistillSpec)")
+    _training_args(op, steps=200, lr=2e-4)
+    op.set_defaults(batch_tokens=2048, eval_every=0)
+    op.add_argument("--draft", required=True, help="the draft model folder to start from")
+    op.add_argument("--eval-data", required=True,
+                    help="the data folder whose held-out prompts check acceptance (never drawn for training)")
+    op.add_argument("--rounds", type=int, default=1)
+    op.add_argument("--prompts-per-round", type=int, default=512)
+    op.add_argument("--mix", default=DEFAULT_MIX)
+    op.add_argument("--batch-size", type=int, default=64, help="rows per generate call of the draft")
+    op.set_defaults(handler=cmd_onpolicy)

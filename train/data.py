@@ -57,6 +57,15 @@ def read_manifest(data_dir: str) -> dict:
             "migrated_from": 1}
 
 
+def heldout_indices(data_dir: str) -> dict[str, set]:
+    """{prompt file: indices} held out by any part of the data in data_dir."""
+    out: dict[str, set] = {}
+    for part in read_manifest(data_dir)["parts"]:
+        for pool, idx in part["heldout"].items():
+            out.setdefault(pool_file(pool), set()).update(idx)
+    return out
+
+
 def _part_shards(part: dict) -> int:
     s = part["settings"]
     return -(-s["num_prompts"] // s["shard_size"])
@@ -86,7 +95,8 @@ def _used_prompts(data_dir: str, manifest: dict) -> dict[str, set]:
 def make_data(model, mix, out_dir: str, num_prompts: int = 2048, heldout: int = 64, max_new_tokens: int = 256,
               max_prompt_tokens: int = 384, batch_size: int = 16, shard_size: int = 64, seed: int = 0,
               sampled_fraction: float = 0.0, temperature: float = 0.7, prompts_dir: str | None = None,
-              new_part: bool = False, progress: bool = True) -> dict:
+              new_part: bool = False, writer=None, exclude: dict[str, set] | None = None,
+              progress: bool = True) -> dict:
     """Generate (or resume) answers for `num_prompts` prompts drawn from `mix`; -> the manifest dict.
 
     mix: {pool: weight}, a --mix string (train/prompts.py), or the path of one prompt file. Pools name
@@ -95,7 +105,10 @@ def make_data(model, mix, out_dir: str, num_prompts: int = 2048, heldout: int = 
     `temperature`, the others greedily; each group runs sorted by prompt length in calls of batch_size
     rows. Calling again with a larger num_prompts and otherwise the same settings extends the last part
     (its draws continue); new_part=True starts a part with other settings after the existing shards,
-    on prompts no earlier part used."""
+    on prompts no earlier part used. writer: a Model on the target's tokenizer that writes the answers
+    instead of the target (a draft model: on-policy data for distillation, Agarwal et al. 2024, Zhou et al.
+    2024); the target still templates the prompts, and its features are computed over the answers later.
+    exclude: {prompt file: indices} never to draw (e.g. another data folder's held-out prompts)."""
     from jaxspec import Sampling, generate
 
     if isinstance(mix, str) and prompts_dir is None and "=" not in mix and "," not in mix:   # one file's path
@@ -116,7 +129,8 @@ def make_data(model, mix, out_dir: str, num_prompts: int = 2048, heldout: int = 
                 "num_prompts": int(num_prompts), "heldout": int(heldout), "max_new_tokens": max_new_tokens,
                 "max_prompt_tokens": max_prompt_tokens, "seed": seed, "shard_size": shard_size,
                 "batch_size": batch_size, "sampled_fraction": sampled_fraction,
-                "temperature": temperature if sampled_fraction else 0.0}
+                "temperature": temperature if sampled_fraction else 0.0,
+                **({"writer": {"source": writer.source, "fingerprint": writer.fingerprint}} if writer else {})}
     os.makedirs(out_dir, exist_ok=True)
     manifest_path = os.path.join(out_dir, MANIFEST)
     if os.path.isfile(manifest_path):
@@ -153,7 +167,10 @@ def make_data(model, mix, out_dir: str, num_prompts: int = 2048, heldout: int = 
         part = {"first_shard": 0, "settings": settings}
         manifest["parts"].append(part)
     earlier = {**manifest, "parts": [p for p in manifest["parts"] if p is not part]}
-    held, order, texts = pool_orders(mix, prompts_dir, seed, heldout, _used_prompts(out_dir, earlier))
+    used = _used_prompts(out_dir, earlier)
+    for name, idx in (exclude or {}).items():
+        used.setdefault(name, set()).update(idx)
+    held, order, texts = pool_orders(mix, prompts_dir, seed, heldout, used)
     if "heldout" in part and part["heldout"] != held:
         raise ValueError(f"{out_dir}: the prompt files changed since this part was made (its held-out prompts "
                          f"differ); use the files it was made from or another --out")
@@ -190,7 +207,7 @@ def make_data(model, mix, out_dir: str, num_prompts: int = 2048, heldout: int = 
                 # compiled program per prompt-length bucket, not one per short batch
                 filler = [chunk[-1][2]] * (batch_size - len(chunk))
                 call_seed = int(np.random.default_rng([seed, first + s, b]).integers(2**31))
-                out = generate(model, [ids for _, _, ids, _ in chunk] + filler, max_new_tokens=max_new_tokens,
+                out = generate(writer or model, [ids for _, _, ids, _ in chunk] + filler, max_new_tokens=max_new_tokens,
                                sampling=sampled if is_sampled else greedy, seed=call_seed)
                 rows += [(e, ans) for e, ans in zip(chunk, out.tokens)]
                 answer_tokens += sum(len(a) for a in out.tokens[:len(chunk)])

@@ -23,7 +23,9 @@ from jaxspec.models import forward, init_params, lm_head
 from .batches import FeatureBatches
 from .features import bits_to_float, cache_features, shared_layers
 from .heads import data_settings, train_head
-from .losses import stepwise_soft_ce
+from .losses import stepwise_soft_ce, total_variation
+
+LOSSES = ("kl", "tv")
 
 
 def draft_config(target: ModelConfig, hidden_size: int = 192, num_layers: int = 4, head_dim: int = 64,
@@ -51,40 +53,57 @@ def projected_embeddings(embed: jax.Array, width: int) -> jax.Array:
     return jnp.asarray(y, jnp.float32)
 
 
-def draft_loss(params, frozen, batch, cfg: ModelConfig):
-    """Soft cross-entropy to the target's full-vocabulary distribution at every kept position.
+def draft_loss(params, frozen, batch, cfg: ModelConfig, loss: str = "kl"):
+    """Soft cross-entropy ("kl": forward KL up to a constant) or total variation ("tv") to the target's
+    full-vocabulary distribution at every kept position.
     frozen: {"target_out": the target's output params ({"embed"} or {"lm_head"})}. -> (loss, metrics)."""
     feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
     target_logits = lm_head(frozen["target_out"], feats[:, :, -1])           # [B, T, V]
     tokens = batch["tokens"]
     B, T = tokens.shape
     logits, _, _ = forward(params, tokens, init_cache(cfg, B, T, params["embed"].dtype), cfg)
+    if loss == "tv":
+        return total_variation(logits, target_logits, batch["mask"])
     return stepwise_soft_ce(logits[None], target_logits, [0], [batch["mask"]], decay=1.0)
 
 
 def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int = 192, num_layers: int = 4,
                 feature_layers=None, tokens_per_batch: int = 2048, seed: int = 0, resume: bool = False,
                 eval_prompts=None, eval_tokens: int = 64, progress: bool = True, on_step=None,
-                until: int | None = None, answer_only: bool = False, **config_kw):
+                until: int | None = None, answer_only: bool = False, init: str | None = None, loss: str = "kl",
+                **config_kw):
     """Distil a draft model of width hidden_size and num_layers layers from `model`; save it to out_dir
     (a Hugging Face folder + draft.json). feature_layers only names the feature cache to reuse.
+    init: a saved draft model folder to start from (its shape replaces hidden_size and num_layers), e.g.
+    for on-policy fine-tuning on answers it wrote itself; loss: "kl" or "tv" (draft_loss).
     -> the DraftModel."""
-    cfg = draft_config(model.config, hidden_size, num_layers, **config_kw)
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    start = DraftModel.load(init) if init else None
+    if start is not None:
+        start.check_target(model)
+        hidden_size, num_layers = start.model.config.hidden_size, start.model.config.num_layers
+    cfg = (start.model.config if start is not None
+           else draft_config(model.config, hidden_size, num_layers, **config_kw))
     feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
                              answer_only=answer_only)
-    params = init_params(cfg, jax.random.PRNGKey(seed), scale=0.02)
-    params["embed"] = projected_embeddings(model.params["embed"], hidden_size)
+    if start is not None:
+        params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), start.model.params)
+    else:
+        params = init_params(cfg, jax.random.PRNGKey(seed), scale=0.02)
+        params["embed"] = projected_embeddings(model.params["embed"], hidden_size)
     out = ({"lm_head": model.params["lm_head"]} if "lm_head" in model.params else {"embed": model.params["embed"]})
     settings = {"kind": "draft", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "config": dataclasses.asdict(cfg),
                 "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
-                "answer_only": answer_only}
-    loss_fn = lambda p, fz, b: draft_loss(p, fz, b, cfg)
+                "answer_only": answer_only, "loss": loss, **({"init": init} if init else {})}
+    loss_fn = lambda p, fz, b: draft_loss(p, fz, b, cfg, loss)
     drafter_of = lambda p: DraftModel(Model(cfg, p, model.tokenizer, f"draft for {model.source}"))
     train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, {"target_out": out}, batches, settings,
                drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
-               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch,
+               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, "loss": loss,
+                              **({"init": init, "init_metadata": start.metadata} if start is not None else {}),
                               "parameters": cfg.num_params,
                               "target_parameters": model.config.num_params},
                data_meta={}, resume=resume, progress=progress, on_step=on_step, until=until)

@@ -12,6 +12,18 @@ def shift_left(x: jax.Array, by: int = 1) -> jax.Array:
     return jnp.concatenate([x[:, by:]] + [x[:, -1:]] * by, axis=1)
 
 
+def total_variation(logits: jax.Array, target_logits: jax.Array, valid: jax.Array):
+    """logits, target_logits [B, T, V], valid bool[B, T] -> (mean TV distance 1/2 sum_v |p - q|, {"loss_j": [1],
+    "top1_j": [1]}). One minus it is the chance that a token drawn from q is accepted under p (Leviathan et
+    al. 2023); DistillSpec (Zhou et al. 2024) distils drafters with it."""
+    p, q = jax.nn.softmax(target_logits, axis=-1), jax.nn.softmax(logits, axis=-1)
+    tv = 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+    n = jnp.maximum(valid.sum(), 1)
+    loss = jnp.sum(jnp.where(valid, tv, 0.0)) / n
+    agree = jnp.argmax(logits, -1) == jnp.argmax(target_logits, -1)
+    return loss, {"loss_j": loss[None], "top1_j": (jnp.sum(jnp.where(valid, agree, False)) / n)[None]}
+
+
 def stepwise_soft_ce(logits: jax.Array, target_logits: jax.Array, shifts, valid, decay: float = 0.8):
     """logits [J, B, T, Vd]: draft step j's logits at each position; target_logits [B, T, Vd];
     step j's soft target at t is softmax(target_logits[:, t + shifts[j]]); valid [J] of bool[B, T].

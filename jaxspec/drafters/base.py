@@ -76,7 +76,8 @@ class Drafter:
     def prior_acceptance(self) -> tuple:
         """Per context, the per-token acceptance assumed before any evidence: a shipped head's
         held-out first-draft acceptance (metadata), else 0.5."""
-        held = getattr(self, "metadata", {}).get("heldout_acceptance", {}).get("per_position_acceptance")
+        measured = (getattr(self, "metadata", None) or {}).get("heldout_acceptance") or {}   # None: not measured
+        held = measured.get("per_position_acceptance")
         return (float(held[0]),) if held else (0.5,)
 
     def sync(self, params, state, ctx: Context):
