@@ -251,3 +251,28 @@ def test_a_version_1_folder_gains_a_new_part_on_unused_prompts(tmp_path, prompt_
     assert held == [m.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
                     for t in expect]
     assert expect[1].startswith("def f") and expect[0].startswith("sum")
+
+
+def test_coverage_counts_answer_tokens_inside_the_draft_vocabulary(tmp_path, prompt_dir):
+    from train.coverage import coverage, vocab_report
+    from train.vocab import draft_vocabulary
+
+    assert coverage(np.asarray([3, 5]), [[3, 3, 4], [5]]) == pytest.approx(3 / 4)
+    m = tiny_model()
+    out = str(tmp_path / "data")
+    data.make_data(m, "plain.jsonl=1,mixed.jsonl:code=1", out, num_prompts=16, heldout=2, max_new_tokens=6,
+                   batch_size=4, shard_size=4, prompts_dir=prompt_dir, progress=False)
+    evalf = tmp_path / "eval.jsonl"
+    evalf.write_text("".join(json.dumps({"source": s, "prompt": f"{s} question {i}"}) + "\n"
+                             for s in ("math", "code") for i in range(5)))
+    r = vocab_report(m, out, [2, m.config.vocab_size], str(evalf), per_source=3, max_new_tokens=5,
+                     out_dir=str(tmp_path / "cov"), every=2)
+    assert set(r["eval"]) == {"math", "code"} and r["kept_out_shards"] == 2
+    assert all(v[-1] == 1.0 for v in r["eval"].values())          # the whole vocabulary holds every token
+    assert all(0.0 <= v[0] <= v[-1] for v in list(r["eval"].values()) + list(r["data"].values()))
+    ans = json.load(open(tmp_path / "cov" / "eval-answers.json"))["answers"]
+    ids = m.tokenizer.apply_chat_template([{"role": "user", "content": "math question 0"}], add_generation_prompt=True)
+    assert ans["math"][0] == jaxspec.generate(m, [ids], max_new_tokens=5).tokens[0]
+    d2t, _ = draft_vocabulary(out, m.config.vocab_size, 2, names=["shard-00000.npz", "shard-00002.npz"])
+    assert r["eval"]["math"][0] == round(coverage(d2t, ans["math"]), 4)   # counted on the other shards only
+    assert (tmp_path / "cov" / "coverage.png").read_bytes()[:4] == b"\x89PNG"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from .prompts import DEFAULT_DIR
 
@@ -32,6 +33,26 @@ def cmd_data(args) -> int:
           f"target {manifest['target']})")
     for pool, c in counts["pools"].items():
         print(f"  {pool}: {c['examples']} examples, {c['answer_tokens']} answer tokens")
+    return 0
+
+
+def cmd_vocab(args) -> int:
+    import jaxspec
+
+    from .coverage import vocab_report
+
+    model = jaxspec.load(args.target)
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--sizes needs positive integers, got {args.sizes!r}")
+    r = vocab_report(model, args.data, sizes, args.eval_file, args.eval_prompts, args.eval_tokens, args.out)
+    print(f"coverage of the target's answer tokens ({r['data_answer_tokens']} answer tokens in {args.data}; "
+          f"eval: greedy answers to {args.eval_prompts} prompts per source, {args.eval_tokens} tokens)")
+    print("| Vd | " + " | ".join(list(r["eval"]) + [f"data kept out: {p}" for p in r["data"]]) + " |")
+    print("|---:|" + "---:|" * (len(r["eval"]) + len(r["data"])))
+    for i, size in enumerate(r["sizes"]):
+        cells = [f"{v[i]:.2%}" for v in list(r["eval"].values()) + list(r["data"].values())]
+        print(f"| {size} | " + " | ".join(cells) + " |")
     return 0
 
 
@@ -135,6 +156,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="add a part with these settings after the existing data (prompts not used before)")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(handler=cmd_data)
+    v = tsub.add_parser("vocab", help="share of the target's answer tokens that draft vocabularies of each "
+                                      "size hold, per eval source and data pool (table, coverage.json, plot)")
+    v.add_argument("--target", default="smollm2-135m-instruct")
+    v.add_argument("--data", required=True)
+    v.add_argument("--sizes", default="4096,8192,16384,24576,32768")
+    v.add_argument("--eval-file", default=os.path.join(DEFAULT_DIR, "eval.jsonl"))
+    v.add_argument("--eval-prompts", type=int, default=20, help="prompts per source")
+    v.add_argument("--eval-tokens", type=int, default=128)
+    v.add_argument("--out", default=None, help="folder for coverage.json, coverage.png and the eval answers")
+    v.set_defaults(handler=cmd_vocab)
     e = tsub.add_parser("eagle", help="train an EAGLE-3-style head on the data (resumable)")
     _training_args(e, steps=2000, lr=1e-3)
     e.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd")

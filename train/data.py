@@ -254,9 +254,10 @@ def read_shard(data_dir: str, name: str) -> tuple[list[np.ndarray], list[int]]:
     return [tokens[s:s + n].astype(np.int32) for s, n in zip(starts, lengths)], [int(p) for p in plens]
 
 
-def iter_examples(data_dir: str) -> Iterator[tuple[np.ndarray, int]]:
-    """Yield (token ids int32[T], prompt length) for every stored example, shard by shard."""
-    for name in shard_names(data_dir):
+def iter_examples(data_dir: str, names: list[str] | None = None) -> Iterator[tuple[np.ndarray, int]]:
+    """Yield (token ids int32[T], prompt length) for every stored example (of the shards `names`), shard by
+    shard."""
+    for name in shard_names(data_dir) if names is None else names:
         yield from zip(*read_shard(data_dir, name))
 
 
