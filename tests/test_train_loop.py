@@ -276,3 +276,31 @@ def test_onpolicy_round_trains_the_draft_on_its_own_answers(tiny_data, tmp_path)
 def jaxspec_generate(*a, **k):
     import jaxspec
     return jaxspec.generate(*a, **k)
+
+
+def test_scaling_curve_trains_each_fraction_for_the_same_epochs(tiny_data, tmp_path):
+    from train.scaling import scaling_curve, subset
+
+    names = [f"shard-{i:05d}.npz" for i in range(8)]
+    assert subset(names, 1) == names and subset(names, 0.25) == names[::4]
+    assert set(subset(names, 0.125)) <= set(subset(names, 0.25)) <= set(subset(names, 0.5))
+    with pytest.raises(ValueError, match="fractions"):
+        subset(names, 0)
+    m, data_dir, prompts = tiny_data
+    held = heldout_prompts(m, data_dir, prompts, 4)
+    cfg = loop.TrainConfig(steps=10, lr=3e-3, warmup=2, save_every=50, eval_every=0, log_every=1)  # steps: set per run
+    kw = {k: v for k, v in EAGLE_KW.items() if k != "tokens_per_batch"}
+    result = scaling_curve(m, data_dir, str(tmp_path / "sc"), cfg, fractions=(0.5, 1.0), epochs=2.0,
+                           tokens_per_batch=512, eval_prompts=held, eval_tokens=16, **kw)
+    half, whole = result["runs"]
+    assert (half["shards"], whole["shards"]) == (1, 2)
+    for r in result["runs"]:                              # the same passes over each subset
+        assert r["steps"] == -(-2 * r["tokens"] // 512)
+        assert r["mean_accepted_length"] >= 1.0 and len(r["per_position_acceptance"]) == 5
+        trained = json.load(open(tmp_path / "sc" / f"frac-{r['fraction']:g}" / "train_settings.json"))
+        assert trained["train"]["steps"] == r["steps"]
+    assert whole["tokens"] > 1.5 * half["tokens"]
+    assert (tmp_path / "sc" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    again = scaling_curve(m, data_dir, str(tmp_path / "sc"), cfg, fractions=(0.5, 1.0), epochs=2.0,
+                          tokens_per_batch=512, eval_prompts=held, eval_tokens=16, **kw)
+    assert again["runs"] == result["runs"]               # finished runs are read back, not trained again

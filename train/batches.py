@@ -22,8 +22,8 @@ class FeatureBatches:
     answer_only those whose first draft (token t + 2) falls in the answer (EAGLE's assistant-only loss)."""
 
     def __init__(self, data_dir: str, feat_dir: str, tokens_per_batch: int = 4096, rows_multiple: int = 1,
-                 seed: int = 0, bucket_step: int = 128, answer_only: bool = False):
-        names = shard_names(data_dir)
+                 seed: int = 0, bucket_step: int = 128, answer_only: bool = False, names: list[str] | None = None):
+        names = shard_names(data_dir) if names is None else names
         feats = load_features(feat_dir, names)
         self.seqs, self.where, self.first_loss = [], [], []
         for shard, name in zip(feats, names):

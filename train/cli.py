@@ -107,6 +107,25 @@ def cmd_onpolicy(args) -> int:
     return _train(args, f"on-policy draft model ({args.rounds} rounds from {args.draft})", rounds)
 
 
+def cmd_scaling(args) -> int:
+    from .scaling import scaling_curve
+
+    fractions = [float(x) for x in args.fractions.split(",") if x]
+
+    def curve(model, data_dir, out, cfg, **kw):
+        for unused in ("resume", "until", "tokens_per_batch", "seed"):
+            kw.pop(unused)
+        result = scaling_curve(model, data_dir, out, cfg, fractions=fractions, epochs=args.epochs,
+                               tokens_per_batch=args.batch_tokens, draft_vocab_size=args.draft_vocab,
+                               ttt_steps=args.ttt_steps, seed=args.seed, **kw)
+        for r in result["runs"]:
+            print(f"  {r['fraction']:g} of the data: {r['answer_tokens']} answer tokens, {r['steps']} steps, "
+                  f"held-out mean accepted length {r['mean_accepted_length']}")
+        from jaxspec.drafters import Eagle
+        return Eagle.load(os.path.join(out, f"frac-{max(fractions):g}"))
+    return _train(args, "EAGLE data-scaling curve", curve)
+
+
 def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
@@ -171,6 +190,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd")
     e.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled in training")
     e.set_defaults(handler=cmd_eagle)
+    sc = tsub.add_parser("scaling", help="EAGLE heads on 1/8, 1/4, 1/2 and all of the data, the same epochs "
+                                         "each: held-out acceptance against data size (scaling.json, scaling.png)")
+    _training_args(sc, steps=1000, lr=1e-3)      # --steps is ignored: each fraction runs --epochs
+    sc.set_defaults(eval_every=0, eval_prompts=48)
+    sc.add_argument("--fractions", default="0.125,0.25,0.5,1")
+    sc.add_argument("--epochs", type=float, default=1.0, help="passes over each subset (steps follow its tokens)")
+    sc.add_argument("--draft-vocab", type=int, default=16384)
+    sc.add_argument("--ttt-steps", type=int, default=4)
+    sc.set_defaults(handler=cmd_scaling)
     m = tsub.add_parser("mtp", help="train DeepSeek-V3-style multi-token-prediction modules (resumable)")
     _training_args(m, steps=2000, lr=1e-3)
     m.add_argument("--modules", type=int, default=2, help="number of MTP modules D (1-4 is usual)")

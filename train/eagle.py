@@ -87,17 +87,18 @@ def eagle_loss(params, frozen, batch, cfg: EagleConfig, steps: int):
 def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,
                 ttt_steps: int = 5, feature_layers=None, tokens_per_batch: int = 4096, seed: int = 0,
                 resume: bool = False, eval_prompts=None, eval_tokens: int = 64, progress: bool = True,
-                on_step=None, until: int | None = None, answer_only: bool = False):
+                on_step=None, until: int | None = None, answer_only: bool = False, shards: list[str] | None = None):
     """Train an EAGLE head for `model` on the self-distilled data in data_dir; save it to out_dir.
 
     Returns the Eagle drafter. eval_prompts (token-id lists) are decoded with the head every
-    train_cfg.eval_every steps and at the end; the last result goes into the head's metadata."""
+    train_cfg.eval_every steps and at the end; the last result goes into the head's metadata. shards: train
+    on these data shards only (default all; train/scaling.py)."""
     vocab = model.config.vocab_size
     cfg = EagleConfig.for_target(model.config, min(draft_vocab_size, vocab), feature_layers)
-    d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size)
-    feat_dir = cache_features(model, data_dir, cfg.feature_layers, progress=progress)
+    d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size, names=shards)
+    feat_dir = cache_features(model, data_dir, cfg.feature_layers, progress=progress, names=shards)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only)
+                             answer_only=answer_only, names=shards)
     target_head = lm_head_rows(model.params, d2t)
     params = init_eagle_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, lm_head=target_head)
     params["norm"] = jnp.array(model.params["norm"], params["norm"].dtype)   # the target's output norm
@@ -106,7 +107,8 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     settings = {"kind": "eagle", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "ttt_steps": ttt_steps,
                 "feature_layers": list(cfg.feature_layers), "tokens_per_batch": tokens_per_batch, "seed": seed,
-                "examples": len(batches.seqs), **({"answer_only": True} if answer_only else {})}
+                "examples": len(batches.seqs), **({"answer_only": True} if answer_only else {}),
+                **({"shards": list(shards)} if shards is not None else {})}
     loss_fn = lambda p, fz, b: eagle_loss(p, fz, b, cfg, ttt_steps)
     train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, frozen, batches, settings,
                lambda p: Eagle({**p, "d2t": d2t}, cfg), eval_prompts=eval_prompts, eval_tokens=eval_tokens,

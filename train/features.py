@@ -50,8 +50,10 @@ def feature_dir(data_dir: str, layers) -> str:
     return os.path.join(data_dir, "features-" + "-".join(map(str, layers)))
 
 
-def cache_features(model, data_dir: str, layers, tokens_per_batch: int = 4096, progress: bool = True) -> str:
-    """Compute (or resume) the cached features of every data shard; -> the feature folder."""
+def cache_features(model, data_dir: str, layers, tokens_per_batch: int = 4096, progress: bool = True,
+                   names: list[str] | None = None) -> str:
+    """Compute (or resume) the cached features of every data shard (or of the shards `names`); -> the
+    feature folder."""
     layers = tuple(int(j) for j in layers)
     fingerprint = read_manifest(data_dir)["fingerprint"]
     if fingerprint != model.fingerprint:
@@ -66,7 +68,7 @@ def cache_features(model, data_dir: str, layers, tokens_per_batch: int = 4096, p
             old = json.load(f)
         if (old["fingerprint"], old["layers"]) == (index["fingerprint"], index["layers"]):
             index = old
-    names = shard_names(data_dir)
+    names = shard_names(data_dir) if names is None else names
     todo = [n for n in names if index["shards"].get(n) is None or not os.path.isfile(_npy(out, n))]
     bar = tqdm(total=len(names), initial=len(names) - len(todo), unit="shard", desc="target features",
                disable=not progress)
