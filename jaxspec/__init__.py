@@ -1,6 +1,6 @@
 """jaxspec: lossless speculative decoding for JAX language models."""
 from .config import ModelConfig
-from .generate import GenerateOutput, Stats, generate
+from .generation import GenerateOutput, Stats, generate
 from .loading import load
 from .model import Model
 from .sampling import Sampling

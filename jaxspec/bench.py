@@ -66,7 +66,7 @@ def drafter_memory(model, drafter, K: int, prompt_len: int, max_new_tokens: int)
     """What a drafter adds at run time, batch 1: its parameters (arrays passed to the compiled loop that
     the target does not own, e.g. a head or a draft model's weights, and the target rows an MTP head
     reads) and its state (caches, buffers) at the capacity generate() allocates for this prompt length."""
-    from .generate import bucket
+    from .decode.batch import bucket
 
     target = {id(x) for x in jax.tree_util.tree_leaves(model.params)}
     own = [x for x in jax.tree_util.tree_leaves(drafter.params_for(model)) if id(x) not in target]
@@ -142,12 +142,13 @@ def batches(prompts_ids: list, batch: int) -> list:
 
 def step_cost(model, drafter, K: int, group: list, max_new_tokens: int, sampling) -> float:
     """Cost of one step with K drafts (drafting + verifying K+1 tokens), in plain decode steps, timed
-    alone on the shapes generate() uses for this batch (jaxspec.policy.measure_costs)."""
-    from .generate import LIVE_ATTENTION_MIN_BATCH, _step_costs, padded_batch
+    alone on the shapes generate() uses for this batch (jaxspec.costs.measure_costs)."""
+    from .costs import step_costs
+    from .decode.batch import LIVE_ATTENTION_MIN_BATCH, padded_batch
     from .sampling import row_params
 
     tokens, lengths, cache, _ = padded_batch(model, group, max_new_tokens, K + 1)
-    measured = _step_costs(model, drafter, (K,), tokens, lengths, cache, row_params(sampling, len(group)),
+    measured = step_costs(model, drafter, (K,), tokens, lengths, cache, row_params(sampling, len(group)),
                            len(group) >= LIVE_ATTENTION_MIN_BATCH)
     return float(measured["costs"][0])
 
@@ -183,7 +184,8 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
     of "rows"): speculation must not change a token."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    from .generate import bucket, generate
+    from .decode.batch import bucket
+    from .generation import generate
     from .sampling import Sampling
 
     sampling = sampling or Sampling()
@@ -338,7 +340,7 @@ def _save(result: dict, out_dir: str | None) -> None:
 
 
 def generate_greedy(model, ids, max_new_tokens: int) -> list:
-    from .generate import generate
+    from .generation import generate
     return generate(model, [ids], max_new_tokens=max_new_tokens).tokens[0]
 
 

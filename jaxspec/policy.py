@@ -17,7 +17,6 @@ after a step or two, a hopeless one rarely, and probes cost about PROBE_BUDGET o
 """
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
 
 import jax
@@ -90,62 +89,6 @@ def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Arr
     acc = jnp.where(seen, DECAY * est.accepted, est.accepted) + zeros.at[context].add(jnp.where(live, num_accepted, 0))
     trials = jnp.where(seen, DECAY * est.trials, est.trials) + zeros.at[context].add(jnp.where(live, tried, 0))
     return est._replace(accepted=acc, trials=trials, plain_run=jnp.where(K == 0, est.plain_run + 1, 0))
-
-
-_COSTS: dict = {}
-
-
-def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, rounds: tuple = (15, 60),
-                  budget_s: float = 4.0, thread: tuple = (2, 3)) -> dict:
-    """Cost of one step with each candidate K in plain steps, measured once per key (cached).
-
-    make_args() builds the steps' arguments, called only for a new key. plain_step(*args) is a target
-    step without a drafter; spec_step(K)(*args) a full step with K drafts (K = 0: plain plus the
-    drafter's sync). Both return (the arguments numbered in `thread`, outputs): those (the KV cache
-    and the drafter's state) are donated and passed on from call to call, so they are updated in
-    place as in the loop. An undonated cache is copied every call: at batch 16 that made K=3 look
-    20% cheaper than it ran; an undonated drafter state made EAGLE's K = 0 step cost 1.15 plain
-    steps. Each is compiled, then timed in rounds that run the plain step and every K one after
-    another; a K's cost is the median over rounds of its time over the same round's plain time, so
-    load that drifts on a shared machine hits both. Rounds go on from rounds[0] until budget_s of
-    timing or rounds[1]: at batch 1 (30 ms steps) 15 rounds put EAGLE's K = 3 anywhere in
-    1.68-1.98 from one measurement to the next, 45 rounds in 1.68-1.81. K = 0, 1 and the largest K
-    are measured; K in between is interpolated linearly (drafting and verifying grow about linearly
-    in K), which saves a compilation per K.
-    -> {"costs": float32[len(ks)], "errors": float32[len(ks)] (their standard errors), "plain_seconds":
-    float, "seconds": time spent here}."""
-    if key in _COSTS:
-        return {**_COSTS[key], "seconds": 0.0}
-    start = time.perf_counter()
-    ends = sorted({k for k in ks if k <= 1} | {max(ks)})
-    args = list(make_args())
-
-    def seconds(fn) -> float:
-        t = time.perf_counter()
-        threaded, out = fn(*args)
-        for i, x in zip(thread, threaded):
-            args[i] = x
-        jax.block_until_ready((threaded, out))
-        return time.perf_counter() - t
-
-    plain_fn = jax.jit(plain_step, donate_argnums=thread)
-    spec_fns = {k: jax.jit(spec_step(k), donate_argnums=thread) for k in ends}
-    for fn in (plain_fn, *spec_fns.values()):
-        seconds(fn)                                           # compile and warm up
-    plains, ratios = [], {k: [] for k in ends}
-    timing = time.perf_counter()
-    while len(plains) < rounds[0] or (len(plains) < rounds[1] and time.perf_counter() - timing < budget_s):
-        plains.append(seconds(plain_fn))
-        for k, fn in spec_fns.items():
-            ratios[k].append(seconds(fn) / plains[-1])
-    pos = [k for k in ends if k > 0]
-    per_k = lambda timed: np.asarray([timed[k] if k in timed else np.interp(k, pos, [timed[j] for j in pos])
-                                      for k in ks], np.float32)
-    # standard error of a median: sqrt(pi / 2) times that of a mean
-    errors = {k: 1.2533 * float(np.std(r)) / np.sqrt(len(r)) for k, r in ratios.items()}
-    _COSTS[key] = {"costs": per_k({k: float(np.median(r)) for k, r in ratios.items()}), "errors": per_k(errors),
-                   "plain_seconds": float(np.median(plains))}
-    return {**_COSTS[key], "seconds": time.perf_counter() - start}
 
 
 def speculation_can_pay(ks: tuple, costs, prior, errors=None) -> bool:

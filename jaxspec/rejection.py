@@ -12,6 +12,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from .sampling import probs_from_logits
+
 
 def _row(tokens, q, p, key):
     """tokens int32[K], q [K, V] (one-hot for deterministic drafters), p [K+1, V] -> (n, out[K+1])."""
@@ -52,3 +54,23 @@ def rejection_sample(draft_tokens: jax.Array, draft_probs: Optional[jax.Array], 
         raise ValueError(f"draft_probs must be [B, K, V] = [{B}, {K}, {V}], got {draft_probs.shape}")
     keys = jax.random.split(key, B)
     return jax.vmap(_row)(draft_tokens, draft_probs.astype(jnp.float32), target_probs, keys)
+
+
+def greedy_verify(draft: jax.Array, logits: jax.Array):
+    """Greedy rows: keep the drafts that equal the target's argmax, then the argmax itself. Same result
+    as rejection_sample with one-hot target distributions, without building them ([B, K+1, V]).
+    draft int32[B, K], logits [B, K+1, V] -> (num_accepted int32[B], out_tokens int32[B, K+1])."""
+    K = draft.shape[1]
+    target = jnp.argmax(logits, axis=-1).astype(jnp.int32)                   # [B, K+1]
+    n = jnp.cumprod(draft == target[:, :K], axis=1).sum(1).astype(jnp.int32)
+    idx = jnp.arange(K + 1)[None]
+    drafts = jnp.concatenate([draft, jnp.zeros_like(draft[:, :1])], axis=1)
+    return n, jnp.where(idx < n[:, None], drafts, jnp.where(idx == n[:, None], target, -1))
+
+
+def verify(draft: jax.Array, draft_probs: Optional[jax.Array], logits: jax.Array, sampling: dict, key: jax.Array):
+    """The target's logits [B, K+1, V] over [last, d1..dK] -> (num_accepted int32[B], out_tokens int32[B, K+1])
+    by rejection sampling under the rows' sampling settings; an all-greedy batch takes greedy_verify."""
+    def sampled():
+        return rejection_sample(draft, draft_probs, probs_from_logits(logits, sampling), key)
+    return jax.lax.cond(jnp.all(sampling["temperature"] == 0), lambda: greedy_verify(draft, logits), sampled)

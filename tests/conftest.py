@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 
 import jax
 import pytest
@@ -11,6 +10,7 @@ import tokenizers
 
 import jaxspec
 from jaxspec.config import ModelConfig
+from jaxspec.decode import programs
 from jaxspec.loading.registry import resolve_named
 from jaxspec.model import Model
 from jaxspec.models import init_params
@@ -23,7 +23,7 @@ def _free_compiled_programs():
     """Drop compiled programs after each test module: every SmolLM2 loop holds ~1,500 memory maps
     (one per kernel of the unrolled layers) and the whole suite would pass the kernel's limit."""
     yield
-    sys.modules["jaxspec.generate"]._COMPILED.clear()   # the module (jaxspec.generate is the function)
+    programs.clear()
     jax.clear_caches()
     gc.collect()
 

@@ -33,7 +33,7 @@ def test_bench_decoders_fixed_and_adaptive():
 def test_bench_repeats_rotate_decoders_and_give_each_repeats_speedup(monkeypatch):
     import importlib
 
-    gen = importlib.import_module("jaxspec.generate")
+    gen = importlib.import_module("jaxspec.generation")
     calls, real = [], gen.generate
 
     def recorded(model, group, **kw):
@@ -63,7 +63,7 @@ def test_bench_repeats_rotate_decoders_and_give_each_repeats_speedup(monkeypatch
 def test_bench_counts_greedy_rows_that_differ_from_plain(monkeypatch):
     import importlib
 
-    gen = importlib.import_module("jaxspec.generate")
+    gen = importlib.import_module("jaxspec.generation")
     real = gen.generate
 
     def lossy(model, group, **kw):                     # a decoder that changes its last row's last token

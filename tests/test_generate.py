@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.generate import TRACES
+from jaxspec.decode import programs
+from jaxspec.decode.programs import TRACES
 from jaxspec.sampling import Sampling
 
 from .conftest import tiny_model
@@ -43,7 +44,7 @@ def test_live_attention_batches_equal_single_rows(tiny):
     blocks of 64 in a 272-slot cache): greedy rows still equal the same prompts decoded one at a time
     (full attention), plain and speculative (fixed and adaptive K)."""
     from jaxspec.drafters import NGram
-    from jaxspec.generate import LIVE_ATTENTION_MIN_BATCH
+    from jaxspec.decode.batch import LIVE_ATTENTION_MIN_BATCH
     prompts = [[(7 * i + j) % 90 + 1 for j in range(5 + 17 * i)] for i in range(LIVE_ATTENTION_MIN_BATCH + 1)]
     single = [jaxspec.generate(tiny, [p], max_new_tokens=12).tokens[0] for p in prompts]
     assert max(len(p) for p in prompts) > 128 and len({tuple(r) for r in single}) > 1
@@ -144,13 +145,11 @@ def test_truncated_real_gguf(tmp_path):
 
 def test_compiled_programs_are_bounded(tiny, monkeypatch):
     """Least recently used programs are dropped past MAX_PROGRAMS (each holds many memory maps)."""
-    import sys
-    gen = sys.modules["jaxspec.generate"]
-    monkeypatch.setattr(gen, "MAX_PROGRAMS", 4)
-    monkeypatch.setattr(gen, "_COMPILED", gen._COMPILED.__class__())
+    monkeypatch.setattr(programs, "MAX_PROGRAMS", 4)
+    monkeypatch.setattr(programs, "_PROGRAMS", programs._PROGRAMS.__class__())
     for n in (3, 40, 100):                                   # three prompt buckets: a prefill and a loop each
         jaxspec.generate(tiny, [[5] * n], max_new_tokens=4)
-    assert len(gen._COMPILED) == 4
+    assert programs.held() == 4
     before = TRACES["autoregressive"]
     jaxspec.generate(tiny, [[1, 2, 3]], max_new_tokens=4)    # the first bucket was dropped: traced again
     assert TRACES["autoregressive"] == before + 1

@@ -12,6 +12,7 @@ from scipy import stats
 
 import jaxspec
 from jaxspec import policy
+from jaxspec.decode import programs
 from jaxspec.drafters import MTP, DraftModel, Eagle, NGram, truncated
 from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params
 from jaxspec.sampling import Sampling
@@ -20,7 +21,7 @@ from .conftest import TINY, tiny_model
 from .test_speculative import V8, _exact_joint
 
 KS = (0, 1, 2, 5)
-GEN = importlib.import_module("jaxspec.generate")      # the module (jaxspec.generate is the function)
+GEN = importlib.import_module("jaxspec.generation")
 
 
 ONE = jnp.zeros((1,), jnp.int32)           # one row in context 0
@@ -140,8 +141,8 @@ def scrambled_k(monkeypatch):
     fixed costs under which speculation can pay (no timing)."""
     fake = {"costs": np.asarray([1.0, 1.25, 1.5, 2.2], np.float32), "errors": np.zeros(4, np.float32),
             "seconds": 0.0}
-    monkeypatch.setattr(GEN, "_step_costs", lambda *a, **k: fake)
-    monkeypatch.setattr(GEN, "_COMPILED", {})                     # no program traced with the real choice
+    monkeypatch.setattr(GEN, "step_costs", lambda *a, **k: fake)
+    monkeypatch.setattr(programs, "_PROGRAMS", programs._PROGRAMS.__class__())   # none traced with the real choice
     monkeypatch.setattr(policy, "choose", lambda est, ks, costs, context, active: (
         jnp.floor(est.trials.sum() * 13.7) + 2 * est.plain_run).astype(jnp.int32) % len(ks))
 
@@ -188,11 +189,15 @@ def test_adaptive_sampling_keeps_the_target_distribution(scrambled_k):
 def test_plain_decoding_when_speculation_cannot_pay(monkeypatch):
     fake = {"costs": np.asarray([1.1, 2.5, 3.5, 7.0], np.float32), "errors": np.zeros(4, np.float32),
             "seconds": 0.0}
-    monkeypatch.setattr(GEN, "_step_costs", lambda *a, **k: fake)
+    monkeypatch.setattr(GEN, "step_costs", lambda *a, **k: fake)
     m = tiny_model()
-    out = jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5)
+    with pytest.warns(UserWarning, match="NGram: no draft length is expected to pay.*decoding plainly"):
+        out = jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5)
     assert out.tokens == jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=10).tokens
     assert out.stats.steps_per_k == {0: out.stats.target_steps} and out.stats.acceptance_rate is None
+    assert out.stats.decoded_plainly
+    assert not jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=10, drafter=NGram(), num_draft_tokens=5,
+                                adaptive=False).stats.decoded_plainly
 
 
 def test_measured_costs_are_cached_and_positive():

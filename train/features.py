@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxspec.cache import init_cache
-from jaxspec.generate import bucket
+from jaxspec.decode.batch import bucket
 from jaxspec.models.llama import forward_hidden
 
 from .data import read_manifest, read_shard, shard_names

@@ -1,0 +1,122 @@
+"""Step costs for the adaptive policy: one step with each candidate K, timed against a plain target
+step in the same process, in plain steps (policy.py turns them into the choice of K)."""
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .cache import rollback
+from .decode.batch import live_slots
+from .decode.speculative import spec_step
+from .drafters.base import Context
+from .models import forward
+from .sampling import sample_tokens
+
+_COSTS: dict = {}     # key -> measured costs, for the life of the process
+
+
+def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, rounds: tuple = (15, 60),
+                  budget_s: float = 4.0, thread: tuple = (2, 3)) -> dict:
+    """Cost of one step with each candidate K in plain steps, measured once per key (cached).
+
+    make_args() builds the steps' arguments, called only for a new key. plain_step(*args) is a target
+    step without a drafter; spec_step(K)(*args) a full step with K drafts (K = 0: plain plus the
+    drafter's sync). Both return (the arguments numbered in `thread`, outputs): those (the KV cache
+    and the drafter's state) are donated and passed on from call to call, so they are updated in
+    place as in the loop. An undonated cache is copied every call: at batch 16 that made K=3 look
+    20% cheaper than it ran; an undonated drafter state made EAGLE's K = 0 step cost 1.15 plain
+    steps. Each is compiled, then timed in rounds that run the plain step and every K one after
+    another; a K's cost is the median over rounds of its time over the same round's plain time, so
+    load that drifts on a shared machine hits both. Rounds go on from rounds[0] until budget_s of
+    timing or rounds[1]: at batch 1 (30 ms steps) 15 rounds put EAGLE's K = 3 anywhere in
+    1.68-1.98 from one measurement to the next, 45 rounds in 1.68-1.81. K = 0, 1 and the largest K
+    are measured; K in between is interpolated linearly (drafting and verifying grow about linearly
+    in K), which saves a compilation per K.
+    -> {"costs": float32[len(ks)], "errors": float32[len(ks)] (their standard errors), "plain_seconds":
+    float, "seconds": time spent here}."""
+    if key in _COSTS:
+        return {**_COSTS[key], "seconds": 0.0}
+    start = time.perf_counter()
+    ends = sorted({k for k in ks if k <= 1} | {max(ks)})
+    args = list(make_args())
+
+    def seconds(fn) -> float:
+        t = time.perf_counter()
+        threaded, out = fn(*args)
+        for i, x in zip(thread, threaded):
+            args[i] = x
+        jax.block_until_ready((threaded, out))
+        return time.perf_counter() - t
+
+    plain_fn = jax.jit(plain_step, donate_argnums=thread)
+    spec_fns = {k: jax.jit(spec_step(k), donate_argnums=thread) for k in ends}
+    for fn in (plain_fn, *spec_fns.values()):
+        seconds(fn)                                           # compile and warm up
+    plains, ratios = [], {k: [] for k in ends}
+    timing = time.perf_counter()
+    while len(plains) < rounds[0] or (len(plains) < rounds[1] and time.perf_counter() - timing < budget_s):
+        plains.append(seconds(plain_fn))
+        for k, fn in spec_fns.items():
+            ratios[k].append(seconds(fn) / plains[-1])
+    pos = [k for k in ends if k > 0]
+    per_k = lambda timed: np.asarray([timed[k] if k in timed else np.interp(k, pos, [timed[j] for j in pos])
+                                      for k in ks], np.float32)
+    # standard error of a median: sqrt(pi / 2) times that of a mean
+    errors = {k: 1.2533 * float(np.std(r)) / np.sqrt(len(r)) for k, r in ratios.items()}
+    _COSTS[key] = {"costs": per_k({k: float(np.median(r)) for k, r in ratios.items()}), "errors": per_k(errors),
+                   "plain_seconds": float(np.median(plains))}
+    return {**_COSTS[key], "seconds": time.perf_counter() - start}
+
+
+
+def clear() -> None:
+    """Forget every measured cost."""
+    _COSTS.clear()
+
+
+def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attention: bool = False) -> dict:
+    """measure_costs for this model, drafter and batch size: one step with each K in ks against
+    a plain target step, on a cache filled to the prompt lengths (measured at the first cache size
+    seen; the ratios move little with it)."""
+    cfg, params = model.config, model.params
+    B, P = tokens.shape[0], max(ks) + 1
+
+    def make_args():                                    # only when this key has not been measured yet
+        dparams = drafter.params_for(model)
+        features = jnp.zeros((len(drafter.hidden_layers), B, tokens.shape[1], cfg.hidden_size),
+                             params["embed"].dtype)
+        dstate = drafter.init(dparams, jnp.asarray(tokens), lengths, cache.capacity, features)
+        dstate = jax.tree_util.tree_map(jnp.copy, dstate)   # the timing donates it: no buffer shared with the caller
+        history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
+        ctx = Context(history[jnp.arange(B), lengths - 1], history, lengths + 1, sampling,
+                      jnp.zeros(features.shape[:2] + (P, cfg.hidden_size), features.dtype))
+        timed_cache = jax.tree_util.tree_map(jnp.copy, rollback(cache, lengths))   # a copy: the timing donates it
+        return params, dparams, timed_cache, dstate, ctx, jax.random.PRNGKey(0)
+
+    # Every output is returned, caches and drafter state included: XLA drops work whose result is
+    # unused, which removed the drafter's sync from K = 0 steps and the cache writes from all. The
+    # cache and the drafter state (arguments 2 and 3) are donated and passed on; each call first rolls
+    # the cache back to the prompts.
+    def plain(params, dparams, cache, dstate, ctx, key):
+        cache = rollback(cache, ctx.history_len - 1)
+        live = live_slots(cache, jnp.zeros((B,), bool), 1, live_attention)
+        logits, _, cache = forward(params, ctx.last[:, None], cache, cfg, live=live)
+        return (cache, dstate), sample_tokens(key, logits, ctx.sampling)
+
+    def spec(k):
+        step = functools.partial(spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
+
+        def timed(params, dparams, cache, dstate, ctx, key):
+            cache = rollback(cache, ctx.history_len - 1)
+            live = live_slots(cache, jnp.zeros((B,), bool), k + 1, live_attention)
+            n, emitted, cache, dstate, hidden = step(params, dparams, cache, dstate, ctx, key, live)
+            return (cache, dstate), (n, emitted, hidden)
+        return timed
+
+    greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
+    key = (cfg, drafter.static_key(), ks, B, greedy, live_attention)   # one measurement serves every cache size
+    return measure_costs(key, plain, spec, make_args, ks)

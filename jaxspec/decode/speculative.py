@@ -1,0 +1,213 @@
+"""The speculative loop: each step the drafter proposes K tokens, one target pass verifies the K+1
+inputs [last, d1..dK], rejection sampling keeps a prefix and adds one token, and the caches roll back
+by length alone (no erase)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .. import policy
+from ..cache import KVCache, rollback
+from ..config import ModelConfig
+from ..drafters.base import Context, Drafter
+from ..models import forward
+from ..rejection import verify
+from ..sampling import sample_tokens
+from .batch import live_slots
+from .programs import TRACES
+
+
+class AcceptCounts(NamedTuple):
+    """Acceptance statistics summed over the loop (rows that are done count no more)."""
+
+    steps: jax.Array                  # int32: row-steps of active rows
+    accepted: jax.Array               # int32: drafts kept
+    drafted: jax.Array                # int32: drafts made
+    per_position: jax.Array           # int32[K]: drafts kept at each position
+    drafted_per_position: jax.Array   # int32[K]: drafts made at each position
+    k_steps: jax.Array                # int32[len(ks)]: loop steps run with each K
+
+
+class SpecState(NamedTuple):
+    """The loop's carry."""
+
+    cache: KVCache          # target KV cache; length = tokens in it per row
+    dstate: Any             # the drafter's state (its own NamedTuple)
+    last: jax.Array         # int32[B]: newest token, emitted but not yet in the target cache
+    history: jax.Array      # int32[B, S + P]: prompt + output per row
+    count: jax.Array        # int32[B]: new tokens so far
+    done: jax.Array         # bool[B]
+    key: jax.Array          # PRNG key
+    steps: jax.Array        # int32: loop steps (target passes)
+    acc: AcceptCounts
+    features: jax.Array     # [N, B, P, E]: hidden states of the last target pass (padding past its tokens)
+    est: policy.Estimate    # adaptive: acceptance estimates per drafter context
+    context: jax.Array      # int32[B]: each row's drafter context for the next step
+    choice: jax.Array       # int32: index into ks of the next step's K
+
+
+class Fixed(NamedTuple):
+    """What every step reads and none changes."""
+
+    params: dict            # the target's parameters
+    dparams: Any            # drafter.params_for(target)
+    limits: jax.Array       # int32[B]: max new tokens per row
+    eos_ids: jax.Array      # int32[*]
+    sampling: dict          # per-row sampling arrays [B]
+    costs: jax.Array        # float32[len(ks)]: step cost of each K in plain steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """Everything that shapes the compiled loop."""
+
+    cfg: ModelConfig
+    drafter: Drafter
+    ks: tuple               # the K values one loop switches between (one: fixed K)
+    width: int              # P = max(ks) + 1: a step's emitted tokens and features
+    live_attention: bool
+
+    @property
+    def adaptive(self) -> bool:
+        return len(self.ks) > 1
+
+
+def spec_step(params, dparams, cache, dstate, ctx: Context, key, live=None, *, cfg, drafter, num_draft, width):
+    """One step with K = num_draft drafts, or K = 0: a plain target step while the drafter syncs.
+    live: the cache slots the target pass reads (None: all; see batch.live_slots).
+
+    -> (num_accepted int32[B], emitted int32[B, width] (-1 past the step's K+1), target cache with
+    length += K+1, drafter state, hidden [N, B, width, E] of the pass, zero-padded)."""
+    K = num_draft
+    k_draft, k_accept = jax.random.split(key)
+    if K == 0:
+        dstate = drafter.sync(dparams, dstate, ctx)
+        logits, hidden, cache = forward(params, ctx.last[:, None], cache, cfg, drafter.hidden_layers, live)
+        n, emitted = jnp.zeros_like(ctx.last), sample_tokens(k_accept, logits, ctx.sampling)
+    else:
+        draft, draft_probs, dstate = drafter.propose(dparams, dstate, ctx, k_draft, K)
+        inputs = jnp.concatenate([ctx.last[:, None], draft], axis=1)              # [B, K+1]
+        logits, hidden, cache = forward(params, inputs, cache, cfg, drafter.hidden_layers, live)
+        n, emitted = verify(draft, draft_probs, logits, ctx.sampling, k_accept)
+    pad = width - (K + 1)
+    emitted = jnp.pad(emitted, ((0, 0), (0, pad)), constant_values=-1)
+    hidden = jnp.pad(hidden, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    return n, emitted, cache, dstate, hidden
+
+
+def emit(buf, start, tokens, count):
+    """Write tokens[B, W] at buf[b, start[b] + i] for i < count[b] (other slots dropped)."""
+    B, W = tokens.shape
+    idx = jnp.arange(W, dtype=jnp.int32)
+    slots = jnp.where(idx[None] < count[:, None], start[:, None] + idx[None], buf.shape[1])
+    return buf.at[jnp.arange(B)[:, None], slots].set(tokens, mode="drop")
+
+
+def _context_of(s: SpecState, fixed: Fixed) -> Context:
+    return Context(s.last, s.history, s.cache.length + 1, fixed.sampling, s.features)
+
+
+def _choose(s: SpecState, fixed: Fixed, st: Static):
+    """The next step's drafter context int32[B] and index into ks."""
+    zero = jnp.zeros((), jnp.int32)
+    if not st.adaptive:
+        return jnp.zeros_like(s.last), zero
+    context = st.drafter.context(fixed.dparams, s.dstate, _context_of(s, fixed))
+    return context, policy.choose(s.est, st.ks, fixed.costs, context, ~s.done)
+
+
+def _count(a: AcceptCounts, active, n, k_now: int, choice: int) -> AcceptCounts:
+    K = a.per_position.shape[0]
+    idx = jnp.arange(K, dtype=jnp.int32)[None]
+    return AcceptCounts(steps=a.steps + active.sum(), accepted=a.accepted + jnp.where(active, n, 0).sum(),
+                        drafted=a.drafted + active.sum() * k_now,
+                        per_position=a.per_position + (active[:, None] & (idx < n[:, None])).sum(0),
+                        drafted_per_position=a.drafted_per_position + (active[:, None] & (idx < k_now)).sum(0),
+                        k_steps=a.k_steps.at[choice].add(1))
+
+
+def _step(choice: int, s: SpecState, fixed: Fixed, st: Static) -> SpecState:
+    """One step with K = ks[choice] (static)."""
+    k_now, P = st.ks[choice], st.width
+    key, k_step = jax.random.split(s.key)
+    ctx = _context_of(s, fixed)
+    n, emitted, new_cache, dstate, hidden = spec_step(
+        fixed.params, fixed.dparams, s.cache, s.dstate, ctx, k_step,
+        live_slots(s.cache, s.done, k_now + 1, st.live_attention), cfg=st.cfg, drafter=st.drafter,
+        num_draft=k_now, width=P)
+    idx = jnp.arange(P, dtype=jnp.int32)
+    eos_at = jnp.isin(emitted, fixed.eos_ids) & (idx[None] <= n[:, None])
+    upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, P)
+    count = jnp.where(s.done, 0, jnp.minimum(jnp.minimum(n + 1, upto_eos), fixed.limits - s.count))
+    active = ~s.done
+    new = s._replace(
+        cache=rollback(new_cache, jnp.where(s.done, s.cache.length, s.cache.length + n + 1)),
+        dstate=st.drafter.commit(fixed.dparams, dstate, ctx, jnp.where(s.done, 0, n)),
+        last=jnp.where(s.done, s.last, emitted[jnp.arange(n.shape[0]), n]),
+        history=emit(s.history, ctx.history_len, emitted, count), count=s.count + count,
+        done=s.done | (eos_at.any(1) & (upto_eos <= count)) | (s.count + count >= fixed.limits),
+        key=key, steps=s.steps + 1, acc=_count(s.acc, active, n, k_now, choice), features=hidden,
+        est=policy.update(s.est, jnp.int32(k_now), n, active, s.context) if st.adaptive else s.est)
+    context, choice_next = _choose(new, fixed, st)
+    return new._replace(context=context, choice=choice_next)
+
+
+def _initial_state(fixed: Fixed, st: Static, tokens, lengths, cache, key, first, prompt_features, prior) -> SpecState:
+    B, T = tokens.shape
+    P, K = st.width, st.width - 1
+    history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :T].set(tokens)
+    zero = jnp.zeros((), jnp.int32)
+    # the features of the pass that made `first` (the prompt's last position) wait at index 0
+    features = jnp.zeros((len(st.drafter.hidden_layers), B, P, st.cfg.hidden_size), fixed.params["embed"].dtype)
+    last_pos = jnp.take_along_axis(prompt_features, (lengths - 1)[None, :, None, None], axis=2)
+    count = jnp.ones((B,), jnp.int32)
+    s = SpecState(cache=cache, last=first, history=history.at[jnp.arange(B), lengths].set(first), count=count,
+                  done=jnp.isin(first, fixed.eos_ids) | (count >= fixed.limits),
+                  dstate=st.drafter.init(fixed.dparams, tokens, lengths, cache.capacity, prompt_features),
+                  key=key, steps=zero,
+                  acc=AcceptCounts(zero, zero, zero, jnp.zeros((K,), jnp.int32), jnp.zeros((K,), jnp.int32),
+                                   jnp.zeros((len(st.ks),), jnp.int32)),
+                  features=features.at[:, :, :1].set(last_pos.astype(features.dtype)),
+                  est=policy.init_estimate(prior), context=jnp.zeros((B,), jnp.int32), choice=zero)
+    context, choice = _choose(s, fixed, st)
+    return s._replace(context=context, choice=choice)
+
+
+def speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, first, prompt_features,
+                costs, prior, *, cfg, drafter, ks, capacity_out, live_attention):
+    """After prefill (first int32[B], prompt_features [N, B, T, E]), steps until every row is done.
+
+    ks: the K values of this loop (static). One value: fixed K, one lax.while_loop. Several
+    (adaptive): policy.choose picks each step's K from the acceptance estimates (starting at prior
+    float32[C], one per drafter context) and costs float32[len(ks)] (plain steps), at the end of
+    the step before. An outer loop runs one inner while_loop per K in turn, each running steps while
+    the choice is its K: a lax.switch around every step cost 4-7% of a plain step on XLA CPU, and a
+    switch between the inner loops made XLA copy the KV cache on each entry into a K > 0 loop.
+    -> (out int32[B, N+K+1], count int32[B], steps, AcceptCounts, cache). The loop keeps one token
+    buffer, `history` (prompt + output per row); the output is cut from it at the end."""
+    TRACES["speculative"] += 1
+    fixed = Fixed(params, dparams, limits, eos_ids, sampling, costs)
+    st = Static(cfg, drafter, tuple(ks), max(ks) + 1, live_attention)
+    state = _initial_state(fixed, st, tokens, lengths, cache, key, first, prompt_features, prior)
+
+    def while_chosen(choice: int, s: SpecState) -> SpecState:
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.done) & (s.choice == choice),
+                                  functools.partial(_step, choice, fixed=fixed, st=st), s)
+
+    if st.adaptive:
+        def each_k_in_turn(s):
+            for i in range(len(ks)):
+                s = while_chosen(i, s)
+            return s
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), each_k_in_turn, state)
+    else:
+        state = while_chosen(0, state)
+    width = capacity_out + st.width
+    cols = lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None]
+    out = jnp.take_along_axis(state.history, jnp.minimum(cols, state.history.shape[1] - 1), axis=1)
+    out = jnp.where(jnp.arange(width)[None] < state.count[:, None], out, -1)
+    return out, state.count, state.steps, state.acc, state.cache
