@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from .data import iter_examples, read_manifest, read_shard, shard_names
+from .data import iter_examples, read_pool_index, read_shard, shard_names, shard_pools
 from .vocab import draft_vocabulary
 
 PLOT = "coverage.png"
@@ -56,16 +56,12 @@ def eval_answers(model, eval_path: str, per_source: int = 20, max_new_tokens: in
 
 def data_answers_by_pool(data_dir: str, names: list[str]) -> dict[str, list[np.ndarray]]:
     """The stored answers of the shards `names`, grouped by prompt pool."""
-    pool_names = {}
-    for part in read_manifest(data_dir)["parts"]:
-        s = part["settings"]
-        for i in range(part["first_shard"], part["first_shard"] + -(-s["num_prompts"] // s["shard_size"])):
-            pool_names[f"shard-{i:05d}.npz"] = list(s["mix"])
+    pool_names = shard_pools(data_dir)
     out: dict[str, list[np.ndarray]] = {}
     for name in names:
         seqs, plens = read_shard(data_dir, name)
         with np.load(os.path.join(data_dir, name)) as z:
-            pools = z["pool"].tolist() if "pool" in z else [0] * len(seqs)
+            pools = read_pool_index(z, len(seqs))
         for ids, p, q in zip(seqs, plens, pools):
             out.setdefault(pool_names[name][q], []).append(ids[p:])
     return out

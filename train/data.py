@@ -83,8 +83,7 @@ def _used_prompts(data_dir: str, manifest: dict) -> dict[str, set]:
             if not os.path.isfile(path):
                 raise ValueError(f"{path} is missing: finish the part it belongs to before starting a new one")
             with np.load(path) as z:
-                pool_of = z["pool"] if "pool" in z else np.zeros(len(z["prompt_index"]), np.int64)
-                for p, i in zip(pool_of.tolist(), z["prompt_index"].tolist()):
+                for p, i in zip(read_pool_index(z, len(z["prompt_index"])), z["prompt_index"].tolist()):
                     used.setdefault(pool_file(pools[p]), set()).add(i)
                 skipped_pool = z["skipped_pool"] if "skipped_pool" in z else np.zeros(len(z["skipped"]), np.int64)
                 for p, i in zip(skipped_pool.tolist(), z["skipped"].tolist()):
@@ -261,20 +260,30 @@ def iter_examples(data_dir: str, names: list[str] | None = None) -> Iterator[tup
         yield from zip(*read_shard(data_dir, name))
 
 
+def shard_pools(data_dir: str) -> dict[str, list[str]]:
+    """{shard file name: the pool names its `pool` indices refer to (its part's mix)}."""
+    out = {}
+    for part in read_manifest(data_dir)["parts"]:
+        for s in range(part["first_shard"], part["first_shard"] + _part_shards(part)):
+            out[os.path.basename(_shard_path(data_dir, s))] = list(part["settings"]["mix"])
+    return out
+
+
+def read_pool_index(z, rows: int) -> list[int]:
+    """The `pool` index of each example of an opened shard (version-1 shards: all pool 0)."""
+    return z["pool"].tolist() if "pool" in z else [0] * rows
+
+
 def summary(data_dir: str) -> dict:
     """Counts for the README and notes: examples, prompt tokens, answer tokens, sampled answers, and the
     examples and answer tokens of each prompt pool."""
-    manifest = read_manifest(data_dir)
-    part_of = {}
-    for part in manifest["parts"]:
-        for s in range(part["first_shard"], part["first_shard"] + _part_shards(part)):
-            part_of[os.path.basename(_shard_path(data_dir, s))] = list(part["settings"]["mix"])
+    part_of = shard_pools(data_dir)
     n = prompt = answer = sampled = 0
     pools: dict[str, dict] = {}
     for name in shard_names(data_dir):
         seqs, plens = read_shard(data_dir, name)
         with np.load(os.path.join(data_dir, name)) as z:
-            pool = z["pool"].tolist() if "pool" in z else [0] * len(seqs)
+            pool = read_pool_index(z, len(seqs))
             temps = z["temperature"] if "temperature" in z else np.zeros(len(seqs))
         names = part_of.get(name)
         if names is None:
