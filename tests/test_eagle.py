@@ -86,7 +86,7 @@ def test_drafting_after_plain_steps_matches_one_shot_pairs():
     ctx = Context(jnp.asarray([seq[-1]]), history, jnp.asarray([len(seq)]), sampling, feats)
     _, q, state = e.propose(params, state, ctx, jax.random.PRNGKey(0), K)
     np.testing.assert_allclose(q[0, 0], _one_shot_q(m, e, seq), atol=1e-5)
-    assert int(state[2][0]) == len(seq) - 1                 # every pair up to the target's length written
+    assert int(state.written[0]) == len(seq) - 1                # every pair up to the target's length written
 
 
 @pytest.mark.parametrize("K", [1, 3])

@@ -100,7 +100,7 @@ def test_drafts_after_plain_steps_match_one_shot_modules():
         state = d.commit(params, d.sync(params, state, ctx), ctx, jnp.asarray([0]))
         step_feats, cache = forward(m.params, jnp.asarray([[seq[t]]]), cache, TINY, (L,))[1:]
         ctx = ctx._replace(features=jnp.zeros_like(ctx.features).at[:, :, :1].set(step_feats))
-    assert int(state[3][0]) == len(prompt) - d.cfg.num_modules      # plain steps ran no module
+    assert int(state.written[0]) == len(prompt) - d.cfg.num_modules      # plain steps ran no module
     ctx = ctx._replace(last=jnp.asarray([seq[-1]]), history=history, history_len=jnp.asarray([len(seq)]))
     drafts, q, state = d.propose(params, state, ctx, jax.random.PRNGKey(0), K)
     for j in (1, 2):

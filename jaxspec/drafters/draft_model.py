@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,14 @@ def truncated(model: Model, num_layers: int) -> Model:
                  source=f"{model.source}[:{num_layers} layers]")
 
 
+class DraftModelState(NamedTuple):
+    """The draft model's state between steps."""
+
+    cache: object           # its KVCache, holding the same tokens as the target's
+    written: jax.Array      # int32[B]: tokens in the cache that match the target's
+    fed: jax.Array          # int32[]: drafts the last propose fed (the accepted ones are valid)
+
+
 class DraftModel(Drafter):
     """DraftModel(jaxspec.load(...)): K autoregressive draft steps, sampled with the target's settings.
 
@@ -54,8 +63,7 @@ class DraftModel(Drafter):
     already hold the same token, and fills the slot the last accepted draft never wrote. Steps
     without drafts (adaptive K = 0) leave the cache as it is; the next propose first feeds the
     tokens they added, CATCH_UP at a time (a pass per plain step cost 3% of a target step here).
-    State: (cache, written int32[B]: tokens in the cache that match the target's, fed: drafts the
-    last propose fed, of which the accepted ones are valid).
+    State: DraftModelState.
     """
 
     METADATA = "draft.json"     # beside a saved model folder: what it was distilled for and how
@@ -100,7 +108,7 @@ class DraftModel(Drafter):
         cfg = self.model.config
         cache = init_cache(cfg, prompts.shape[0], capacity, params["embed"].dtype)
         cache = forward(params, prompts, cache, cfg)[2]
-        return rollback(cache, lengths), lengths, jnp.int32(0)
+        return DraftModelState(rollback(cache, lengths), lengths, jnp.int32(0))
 
     def _feed_last(self, params, cache, ctx: Context):
         """Roll back to the target's length - 1 and run [previous token, last] -> (logits [B, 2, V], cache)."""
@@ -113,11 +121,10 @@ class DraftModel(Drafter):
     def sync(self, params, state, ctx: Context):
         return state
 
-    def propose(self, params, state, ctx: Context, key, num_draft: int):
+    def propose(self, params, state: DraftModelState, ctx: Context, key, num_draft: int):
         cfg = self.model.config
-        cache, written, _ = state
         feed = lambda cache, pos: forward(params, jnp.take_along_axis(ctx.history, pos, axis=1), cache, cfg)[2]
-        cache = catch_up(feed, cache, written, ctx.history_len - 2, ctx.history.shape[1])   # _feed_last writes on
+        cache = catch_up(feed, state.cache, state.written, ctx.history_len - 2, ctx.history.shape[1])   # _feed_last writes on
         logits, cache = self._feed_last(params, cache, ctx)
 
         def step(cache, tok):
@@ -125,8 +132,7 @@ class DraftModel(Drafter):
             return cache, logits[:, 0]
 
         tokens, probs, cache = sample_chain(logits[:, -1], step, cache, key, num_draft, ctx.sampling)
-        return tokens, probs, (cache, ctx.history_len, jnp.int32(num_draft - 1))
+        return tokens, probs, DraftModelState(cache, ctx.history_len, jnp.int32(num_draft - 1))
 
-    def commit(self, params, state, ctx: Context, num_accepted):
-        cache, written, fed = state
-        return cache, written + jnp.minimum(num_accepted, fed), jnp.int32(0)
+    def commit(self, params, state: DraftModelState, ctx: Context, num_accepted):
+        return state._replace(written=state.written + jnp.minimum(num_accepted, state.fed), fed=jnp.int32(0))

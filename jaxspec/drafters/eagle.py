@@ -11,6 +11,9 @@ step instead cost about 4-5% of a target step on this project's CPU.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 
 from ..cache import init_cache, rollback
@@ -19,6 +22,15 @@ from ..heads.io import load_head, save_head
 from .base import Context, Drafter, catch_up, check_head_target, sample_chain
 
 KIND = "eagle"
+
+
+class EagleState(NamedTuple):
+    """The EAGLE drafter's state between steps."""
+
+    cache: object           # the head's KVCache: one entry per target position (feature_t, token_{t+1})
+    n_prev: jax.Array       # int32[B]: drafts the last verify pass accepted
+    written: jax.Array      # int32[B]: pairs in the head cache that are final
+    stored: jax.Array       # [N, B, S, E]: target features of positions plain steps passed (sync)
 
 
 class Eagle(Drafter):
@@ -51,19 +63,18 @@ class Eagle(Drafter):
 
     def init(self, params, prompts, lengths, capacity, features):
         """Write the prompt's pairs (feature_t, prompt_{t+1}) for t < length - 1.
-        -> state (head cache, n_prev int32[B]: drafts the last pass accepted, written int32[B]: pairs
-        in the head cache, stored features [N, B, capacity, E] of positions plain steps passed)."""
+        -> EagleState."""
         B = prompts.shape[0]
         cache = init_cache(self.cfg.cache_config(), B, capacity, params["head"]["fc"].dtype)
         nxt = jnp.concatenate([prompts[:, 1:], jnp.zeros((B, 1), prompts.dtype)], axis=1)
         g = fuse_features(params["head"], features)
         _, _, cache = eagle_step(params["head"], params["embed"], g, nxt, cache, self.cfg)
         stored = jnp.zeros(features.shape[:2] + (capacity,) + features.shape[3:], features.dtype)
-        return rollback(cache, lengths - 1), jnp.zeros((B,), jnp.int32), lengths - 1, stored
+        return EagleState(rollback(cache, lengths - 1), jnp.zeros((B,), jnp.int32), lengths - 1, stored)
 
-    def _catch_up(self, params, state, ctx: Context):
+    def _catch_up(self, params, state: EagleState, ctx: Context):
         """The head cache with the pairs of positions [written, the last pass's first) from the stored features."""
-        cache, _, written, stored = state
+        stored = state.stored
         rows, head = jnp.arange(ctx.last.shape[0])[:, None], params["head"]
 
         def feed(cache, pos):                                          # pos [B, C]
@@ -71,13 +82,14 @@ class Eagle(Drafter):
             return eagle_step(head, params["embed"], fuse_features(head, stored[:, rows, pos]), tokens, cache,
                               self.cfg)[2]
 
-        return catch_up(feed, cache, written, ctx.feature_positions(state[1])[:, 0], stored.shape[2])
+        return catch_up(feed, state.cache, state.written, ctx.feature_positions(state.n_prev)[:, 0],
+                        stored.shape[2])
 
-    def _write_pairs(self, params, state, ctx: Context):
+    def _write_pairs(self, params, state: EagleState, ctx: Context):
         """Write the n_prev + 1 pairs the last verify pass left (padded to P, the rest masked)
         -> (head outputs h, draft logits [B, P, ...] at those pairs, cache rolled back to the target's)."""
-        cache, target_len = state[0], ctx.history_len - 1
-        first_pos = ctx.feature_positions(state[1])[:, 0]   # the first pair the last pass revealed
+        cache, target_len = state.cache, ctx.history_len - 1
+        first_pos = ctx.feature_positions(state.n_prev)[:, 0]   # the first pair the last pass revealed
         P = ctx.features.shape[2]
         tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(P), ctx.history.shape[1] - 1)
         tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
@@ -86,17 +98,16 @@ class Eagle(Drafter):
                                       rollback(cache, first_pos), self.cfg)
         return h, logits, rollback(cache, target_len)
 
-    def sync(self, params, state, ctx: Context):
+    def sync(self, params, state: EagleState, ctx: Context):
         """Store the last pass's features at their positions (no head pass; see _catch_up)."""
-        cache, n_prev, written, stored = state
-        rows, pos = jnp.arange(ctx.last.shape[0])[:, None], ctx.feature_positions(n_prev)    # [B, P]
-        stored = stored.at[:, rows, pos].set(ctx.features.astype(stored.dtype), mode="drop")
-        return cache, n_prev, written, stored
+        rows, pos = jnp.arange(ctx.last.shape[0])[:, None], ctx.feature_positions(state.n_prev)    # [B, P]
+        stored = state.stored.at[:, rows, pos].set(ctx.features.astype(state.stored.dtype), mode="drop")
+        return state._replace(stored=stored)
 
-    def propose(self, params, state, ctx: Context, key, num_draft: int):
+    def propose(self, params, state: EagleState, ctx: Context, key, num_draft: int):
         head, embed, cfg = params["head"], params["embed"], self.cfg
-        state = (self._catch_up(params, state, ctx),) + tuple(state[1:])
-        n_prev = state[1]
+        state = state._replace(cache=self._catch_up(params, state, ctx))
+        n_prev = state.n_prev
         B, K = ctx.last.shape[0], num_draft
         rows = jnp.arange(B)
         h, logits, cache = self._write_pairs(params, state, ctx)
@@ -109,7 +120,7 @@ class Eagle(Drafter):
 
         tokens, probs, (cache, _) = sample_chain(to_vocab(logits[rows, n_prev]), step,
                                                  (cache, h[rows, n_prev][:, None]), key, K, ctx.sampling)
-        return tokens, probs, (cache, n_prev, ctx.history_len - 1, state[3])
+        return tokens, probs, state._replace(cache=cache, written=ctx.history_len - 1)
 
-    def commit(self, params, state, ctx: Context, num_accepted):
-        return (state[0], num_accepted) + tuple(state[2:])
+    def commit(self, params, state: EagleState, ctx: Context, num_accepted):
+        return state._replace(n_prev=num_accepted)

@@ -13,6 +13,8 @@ window) are first taken in CATCH_UP at a time. h^0 of past positions is kept in 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -24,6 +26,16 @@ from ..models import lm_head_rows
 from .base import Context, Drafter, catch_up, check_head_target, draw_token
 
 KIND = "mtp"
+
+
+class MTPState(NamedTuple):
+    """The MTP drafter's state between steps."""
+
+    cache: object           # the modules' KVCache (one layer per module)
+    h0: jax.Array           # [B, S, E]: the target's last hidden state of past positions
+    n_prev: jax.Array       # int32[B]: drafts the last step accepted
+    written: jax.Array      # int32[B]: positions below are final in every module
+    drafted: jax.Array      # int32[]: K of a propose not yet committed, else 0
 
 
 class MTP(Drafter):
@@ -67,9 +79,7 @@ class MTP(Drafter):
                                                             self.cfg.rms_norm_eps), self.cfg.target_vocab_size)
 
     def init(self, params, prompts, lengths, capacity, features):
-        """Keep the prompt's h^0 and run every module over the prompt. State: (module caches, h^0
-        buffer [B, S, E], drafts accepted in the last step int32[B], written int32[B]: positions below
-        are final in every module, drafted int32: K of a propose not yet committed, else 0)."""
+        """Keep the prompt's h^0 and run every module over the prompt -> MTPState."""
         B, T = prompts.shape
         cfg = self.cfg
         h0 = features[0]                                                      # [B, T, E]
@@ -78,13 +88,14 @@ class MTP(Drafter):
         nxt = jnp.concatenate([prompts[:, 1:], jnp.zeros((B, cfg.num_modules), prompts.dtype)], axis=1)
         _, cache = mtp_window(params["head"], params["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
         zeros = jnp.zeros((B,), jnp.int32)       # position p is final once token p + D is known
-        return rollback(cache, lengths - 1), buf, zeros, jnp.maximum(lengths - cfg.num_modules, 0), jnp.int32(0)
+        return MTPState(rollback(cache, lengths - 1), buf, zeros, jnp.maximum(lengths - cfg.num_modules, 0),
+                        jnp.int32(0))
 
-    def _store(self, state, ctx: Context):
+    def _store(self, state: MTPState, ctx: Context):
         """The h^0 buffer with the last pass's h^0 at positions n - 2 - n_prev .. (those up to n - 2 are final)."""
-        buf, n_prev = state[1], state[2]
+        buf = state.h0
         rows = jnp.arange(buf.shape[0])[:, None]
-        return buf.at[rows, ctx.feature_positions(n_prev)].set(ctx.features[0].astype(buf.dtype), mode="drop")
+        return buf.at[rows, ctx.feature_positions(state.n_prev)].set(ctx.features[0].astype(buf.dtype), mode="drop")
 
     def _catch_up(self, params, cache, buf, written, end, ctx: Context):
         """Every module over positions [written, end) (all inputs final there), CATCH_UP at a time."""
@@ -99,18 +110,18 @@ class MTP(Drafter):
 
         return catch_up(feed, cache, written, end, buf.shape[1])
 
-    def sync(self, params, state, ctx: Context):
+    def sync(self, params, state: MTPState, ctx: Context):
         """Store the last pass's h^0; the modules take it in at the next propose (_catch_up)."""
-        return (state[0], self._store(state, ctx)) + tuple(state[2:])
+        return state._replace(h0=self._store(state, ctx))
 
-    def propose(self, params, state, ctx: Context, key, num_draft: int):
+    def propose(self, params, state: MTPState, ctx: Context, key, num_draft: int):
         head, embed, cfg = params["head"], params["embed"], self.cfg
         K, D = num_draft, min(num_draft, cfg.num_modules)
         W = max(K + D, cfg.num_modules)
         buf, n = self._store(state, ctx), ctx.history_len
         rows = jnp.arange(buf.shape[0])[:, None]
         start = jnp.maximum(n - 1 - W, 0)                                     # the window: start .. n - 2
-        cache = self._catch_up(params, state[0], buf, state[3], start, ctx)
+        cache = self._catch_up(params, state.cache, buf, state.written, start, ctx)
         window = start[:, None] + jnp.arange(W)                               # [B, W] positions
         h = buf[rows, jnp.clip(window, 0, buf.shape[1] - 1)]
         at = n - 2 - start                                                    # window index of n - 2
@@ -135,14 +146,13 @@ class MTP(Drafter):
             tok, q = draw_token(self._logits(params, h[:, 0]), keys[j], ctx.sampling)
             seq = seq.at[rows[:, 0], n + j].set(tok, mode="drop")
             tokens.append(tok), probs.append(q)
-        written = jnp.maximum(state[3], start)
-        return jnp.stack(tokens, 1), jnp.stack(probs, 1), (rollback(cache, n - 1), buf, state[2], written,
-                                                          jnp.int32(K))
+        state = state._replace(cache=rollback(cache, n - 1), h0=buf, written=jnp.maximum(state.written, start),
+                               drafted=jnp.int32(K))
+        return jnp.stack(tokens, 1), jnp.stack(probs, 1), state
 
-    def commit(self, params, state, ctx: Context, num_accepted):
+    def commit(self, params, state: MTPState, ctx: Context, num_accepted):
         """After a propose, window positions p < n + num_accepted - D read only kept tokens: final."""
-        cache, buf, _, written, drafted = state
         n = ctx.history_len
         final = jnp.minimum(n - 1, n + num_accepted - self.cfg.num_modules)
-        written = jnp.where(drafted > 0, jnp.maximum(written, final), written)
-        return cache, buf, num_accepted, written, jnp.int32(0)
+        written = jnp.where(state.drafted > 0, jnp.maximum(state.written, final), state.written)
+        return state._replace(n_prev=num_accepted, written=written, drafted=jnp.int32(0))
