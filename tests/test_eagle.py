@@ -13,6 +13,7 @@ from jaxspec.drafters import Eagle
 from jaxspec.drafters.base import Context
 from jaxspec.heads import EagleConfig, eagle_step, fuse_features, init_eagle_params
 from jaxspec.heads.eagle import to_target_logits
+from jaxspec.heads.metadata import HeadMetadata
 from jaxspec.models import forward
 from jaxspec.sampling import Sampling, row_params
 
@@ -101,7 +102,8 @@ def test_eagle_greedy_lossless_and_sampling_set(K):
 
 def test_save_load_round_trip_and_target_guard(tmp_path):
     m, e = tiny_model(), _eagle()
-    e.metadata = {"target": "tiny", "target_fingerprint": m.fingerprint}
+    e.metadata = HeadMetadata(target="tiny", target_fingerprint=m.fingerprint, hidden_layers=e.hidden_layers,
+                              draft_vocab_size=e.cfg.draft_vocab_size)
     e.save(str(tmp_path / "head"))
     back = Eagle.load(str(tmp_path / "head"))
     assert back.cfg == e.cfg and back.metadata == e.metadata
@@ -117,3 +119,15 @@ def test_save_load_round_trip_and_target_guard(tmp_path):
         Eagle.load(str(tmp_path / "head"))
     with pytest.raises(ValueError, match="needs head.json"):
         Eagle.load(str(tmp_path / "nothing"))
+
+
+def test_head_metadata_rejects_unknown_keys_and_a_head_it_does_not_describe():
+    e = _eagle()
+    with pytest.raises(ValueError, match="unknown head metadata keys"):
+        Eagle(e.head_params, e.cfg, {"target": "tiny", "heldout": 0.3})
+    with pytest.raises(ValueError, match="hidden_layers"):
+        Eagle(e.head_params, e.cfg, {"hidden_layers": [0]})
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        Eagle(e.head_params, e.cfg, {"draft_vocab_size": e.cfg.draft_vocab_size + 1})
+    shipped = Eagle(e.head_params, e.cfg, {"heldout_acceptance": {"per_position_acceptance": [0.4, 0.1]}})
+    assert shipped.metadata.hidden_layers == e.hidden_layers and shipped.prior_acceptance == (0.4,)

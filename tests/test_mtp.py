@@ -14,6 +14,7 @@ from jaxspec.drafters import MTP
 from jaxspec.drafters.base import Context
 from jaxspec.heads import MTPConfig, init_mtp_params, mtp_logits, mtp_window
 from jaxspec.heads.eagle import to_target_logits
+from jaxspec.heads.metadata import HeadMetadata
 from jaxspec.models import forward, lm_head_rows
 from jaxspec.sampling import Sampling, row_params
 
@@ -137,7 +138,8 @@ def test_mtp_greedy_lossless(K):
 
 def test_save_load_round_trip_and_target_guard(tmp_path):
     m, d = tiny_model(), _mtp()
-    d.metadata = {"target": "tiny", "target_fingerprint": m.fingerprint}
+    d.metadata = HeadMetadata(target="tiny", target_fingerprint=m.fingerprint, hidden_layers=d.hidden_layers,
+                              draft_vocab_size=d.cfg.draft_vocab_size)
     d.save(str(tmp_path / "mtp"))
     back = MTP.load(str(tmp_path / "mtp"))
     assert back.cfg == d.cfg and back.metadata == d.metadata

@@ -96,9 +96,9 @@ def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path, kind):
     after = acceptance(m, drafter, held, 24)["mean_accepted_length"]
     print(f"tiny {kind} mean accepted length: untrained {before:.2f}, trained {after:.2f}")
     assert after > before + 1.0
-    assert drafter.metadata["heldout_acceptance"]["step"] == 120
-    assert drafter.metadata["target_fingerprint"] == m.fingerprint
-    assert drafter.metadata["training"]["train_seconds"] > 0
+    assert drafter.metadata.heldout_acceptance["step"] == 120
+    assert drafter.metadata.target_fingerprint == m.fingerprint
+    assert drafter.metadata.training["train_seconds"] > 0
     assert os.path.getsize(tmp_path / kind / "training.png") > 10_000
 
 
@@ -125,7 +125,7 @@ def test_resume_after_kill_continues_exactly(tiny_data, tmp_path, kind):
     with pytest.raises(ValueError, match="settings differ"):
         train(m, data_dir, killed, dataclasses.replace(cfg, lr=1e-3), resume=True, **kw)
     early = train(m, data_dir, killed, cfg, resume=True, until=6, **kw)   # from the step-3 save
-    assert early.metadata["training"]["steps"] == 6 and early.metadata["training"]["schedule_steps"] == 8
+    assert early.metadata.training["steps"] == 6 and early.metadata.training["schedule_steps"] == 8
     train(m, data_dir, killed, cfg, resume=True, **kw)
     assert _losses(killed) == _losses(whole)                          # steps 4..8 identical
     params = lambda d: d.model.params if kind == "draft" else d.head_params
@@ -250,7 +250,7 @@ def test_onpolicy_round_trains_the_draft_on_its_own_answers(tiny_data, tmp_path)
     after = acceptance(m, drafter, held, 24)["mean_accepted_length"]
     print(f"tiny on-policy draft: mean accepted length {before:.2f} -> {after:.2f}")
     assert after > before + 0.3
-    assert drafter.metadata["training"]["loss"] == "tv" and drafter.metadata["training"]["init"] == start
+    assert drafter.metadata.training["loss"] == "tv" and drafter.metadata.training["init"] == start
     losses = [r["loss"] for r in loop.read_metrics(os.path.join(out, "round-0")) if "loss" in r]
     assert losses[-1] < 0.8 * losses[0]
     # the answers are the starting draft's own (greedy rows), on prompts the acceptance check never sees

@@ -72,9 +72,9 @@ def _train(args, what: str, train_fn, **kwargs) -> int:
     drafter = train_fn(model, args.data, args.out, cfg, tokens_per_batch=args.batch_tokens, seed=args.seed,
                        resume=args.resume, eval_prompts=held, eval_tokens=args.eval_tokens, until=args.until,
                        answer_only=args.answer_only, **kwargs)
-    acc = drafter.metadata.get("heldout_acceptance") or {}
+    mal = drafter.metadata.mean_accepted_length
     print(f"{args.out}: {what} for {args.target}; held-out mean accepted length (K=5, greedy): "
-          f"{acc.get('mean_accepted_length', 'not measured')}")
+          f"{mal if mal is not None else 'not measured'}")
     return 0
 
 

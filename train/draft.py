@@ -103,7 +103,7 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
     train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, {"target_out": out}, batches, settings,
                drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
                training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, "loss": loss,
-                              **({"init": init, "init_metadata": start.metadata} if start is not None else {}),
+                              **({"init": init, "init_metadata": start.metadata.to_dict()} if start is not None else {}),
                               "parameters": cfg.num_params,
                               "target_parameters": model.config.num_params},
                data_meta={}, resume=resume, progress=progress, on_step=on_step, until=until)

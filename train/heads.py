@@ -2,6 +2,7 @@
 check, and the head written at the end with metadata (target, data, steps, measured acceptance)."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from . import loop
@@ -37,14 +38,14 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
     train_seconds = (round(sum(r["seconds"] for r in steps), 1)           # None if a record lacks its time
                      if steps and all("seconds" in r for r in steps) else None)
     drafter = drafter_of(params)
-    drafter.metadata.update({
-        "target": model.source, "target_fingerprint": model.fingerprint,
-        "data": {**summary(data_dir), "tokens_trained_on": batches.num_tokens,
-                 "mix": [s["mix"] for s in data_settings(data_dir)], **data_meta},
-        "training": {"steps": done, "schedule_steps": train_cfg.steps, "lr": train_cfg.lr,
-                     "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
-                     "train_seconds": train_seconds, **training_meta},
-        "heldout_acceptance": last_eval})
+    drafter.metadata = dataclasses.replace(
+        drafter.metadata, target=model.source, target_fingerprint=model.fingerprint,
+        data={**summary(data_dir), "tokens_trained_on": batches.num_tokens,
+              "mix": [s["mix"] for s in data_settings(data_dir)], **data_meta},
+        training={"steps": done, "schedule_steps": train_cfg.steps, "lr": train_cfg.lr,
+                  "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
+                  "train_seconds": train_seconds, **training_meta},
+        heldout_acceptance=last_eval)
     drafter.save(out_dir)                      # bfloat16 on disk
     plot_run(out_dir)
     return drafter

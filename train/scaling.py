@@ -52,7 +52,7 @@ def scaling_curve(model, data_dir: str, out_dir: str, train_cfg, fractions=(0.12
         if head is None:
             from jaxspec.drafters import Eagle
             head = Eagle.load(run_dir)
-        acc = head.metadata.get("heldout_acceptance") or {}
+        acc = head.metadata.heldout_acceptance or {}
         runs.append({"fraction": f, "shards": len(chosen), "answer_tokens": answer, "tokens": tokens, "steps": steps,
                      "mean_accepted_length": acc.get("mean_accepted_length"),
                      "per_position_acceptance": acc.get("per_position_acceptance")})

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ..cache import rollback
+from ..heads.metadata import HeadMetadata
 from ..sampling import probs_from_logits
 
 CATCH_UP = 16   # positions per pass when a drafter's propose takes in what plain steps (sync) skipped
@@ -44,6 +45,7 @@ class Drafter:
     """Base class: subclasses override the methods below."""
 
     hidden_layers: tuple = ()   # target layers whose hidden states the drafter reads
+    metadata: HeadMetadata | None = None   # trained drafters: what train/ recorded (heads/metadata.py)
 
     def params_for(self, model):
         """The arrays the compiled loop passes in (may include the target's, e.g. its embeddings)."""
@@ -76,9 +78,8 @@ class Drafter:
     def prior_acceptance(self) -> tuple:
         """Per context, the per-token acceptance assumed before any evidence: a shipped head's
         held-out first-draft acceptance (metadata), else 0.5."""
-        measured = (getattr(self, "metadata", None) or {}).get("heldout_acceptance") or {}   # None: not measured
-        held = measured.get("per_position_acceptance")
-        return (float(held[0]),) if held else (0.5,)
+        held = self.metadata.first_draft_acceptance if self.metadata is not None else None
+        return (held,) if held is not None else (0.5,)
 
     def sync(self, params, state, ctx: Context):
         """A step verifies no drafts (adaptive K = 0, a plain target step): take in what propose
@@ -102,16 +103,13 @@ def draw_token(logits: jax.Array, key, sampling: dict):
     return jax.lax.cond(jnp.all(sampling["temperature"] == 0), greedy, sampled)
 
 
-def check_head_target(kind: str, vocab_size: int, hidden_size: int, metadata: dict, model) -> None:
+def check_head_target(kind: str, vocab_size: int, hidden_size: int, metadata: HeadMetadata, model) -> None:
     """ValueError unless a head trained for (vocab_size, hidden_size, metadata's fingerprint) fits `model`."""
     t = model.config
     if (vocab_size, hidden_size) != (t.vocab_size, t.hidden_size):
         raise ValueError(f"{kind} head is for a target with vocabulary {vocab_size} and width "
                          f"{hidden_size}, not {t.vocab_size} and {t.hidden_size}")
-    want = metadata.get("target_fingerprint")
-    if want and want != model.fingerprint:
-        raise ValueError(f"{kind} head was trained for target {metadata.get('target')!r} "
-                         f"(weights {want}), not for this model (weights {model.fingerprint})")
+    metadata.check_target(kind, model)
 
 
 def catch_up(feed: Callable, cache, written: jax.Array, end: jax.Array, limit: int):

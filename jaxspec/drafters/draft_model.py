@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ..cache import init_cache, rollback
+from ..heads.metadata import HeadMetadata, head_metadata
 from ..model import Model
 from ..models import forward
 from .base import Context, Drafter, catch_up, sample_chain
@@ -68,10 +69,10 @@ class DraftModel(Drafter):
 
     METADATA = "draft.json"     # beside a saved model folder: what it was distilled for and how
 
-    def __init__(self, model: Model, metadata: dict | None = None):
+    def __init__(self, model: Model, metadata: HeadMetadata | dict | None = None):
         if not isinstance(model, Model):
             raise ValueError(f"DraftModel needs a jaxspec Model, got {type(model).__name__}")
-        self.model, self.metadata = model, dict(metadata or {})
+        self.model, self.metadata = model, head_metadata(metadata, (), None)
 
     @classmethod
     def load(cls, path: str, **kwargs) -> "DraftModel":
@@ -89,7 +90,7 @@ class DraftModel(Drafter):
         from ..loading.hf_write import save_hf_dir
         save_hf_dir(self.model, path)
         with open(os.path.join(path, self.METADATA), "w") as f:
-            json.dump({"kind": "draft", "metadata": self.metadata}, f, indent=1)
+            json.dump({"kind": "draft", "metadata": self.metadata.to_dict()}, f, indent=1)
 
     def __repr__(self):
         cfg = self.model.config

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, eagle_step, fuse_features, to_target_logits
 from ..heads.io import load_head, save_head
+from ..heads.metadata import HeadMetadata, head_metadata
 from .base import Context, Drafter, catch_up, check_head_target, sample_chain
 
 KIND = "eagle"
@@ -36,9 +37,10 @@ class EagleState(NamedTuple):
 class Eagle(Drafter):
     """Eagle(head_params, cfg, metadata) or Eagle.load(path); serves the target it was trained on."""
 
-    def __init__(self, head_params: dict, cfg: EagleConfig, metadata: dict | None = None):
-        self.head_params, self.cfg, self.metadata = head_params, cfg, dict(metadata or {})
+    def __init__(self, head_params: dict, cfg: EagleConfig, metadata: HeadMetadata | dict | None = None):
+        self.head_params, self.cfg = head_params, cfg
         self.hidden_layers = tuple(cfg.feature_layers)
+        self.metadata = head_metadata(metadata, self.hidden_layers, cfg.draft_vocab_size)
 
     @classmethod
     def load(cls, path: str) -> "Eagle":
@@ -47,7 +49,7 @@ class Eagle(Drafter):
         return cls(params, EagleConfig(**config), meta)
 
     def save(self, path: str) -> None:
-        save_head(path, KIND, self.cfg.__dict__, self.head_params, self.metadata)
+        save_head(path, KIND, self.cfg.__dict__, self.head_params, self.metadata.to_dict())
 
     def __repr__(self):
         return f"Eagle(layers {self.cfg.feature_layers}, draft vocab {self.cfg.draft_vocab_size})"

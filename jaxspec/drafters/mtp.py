@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..heads.eagle import to_target_logits
 from ..heads.io import load_head, save_head
+from ..heads.metadata import HeadMetadata, head_metadata
 from ..heads.mtp import MTPConfig, mtp_logits, mtp_module, mtp_window, unstack_modules
 from ..models import lm_head_rows
 from .base import Context, Drafter, catch_up, check_head_target, draw_token
@@ -41,9 +42,10 @@ class MTPState(NamedTuple):
 class MTP(Drafter):
     """MTP(head_params, cfg, metadata) or MTP.load(path); serves the target it was trained on."""
 
-    def __init__(self, head_params: dict, cfg: MTPConfig, metadata: dict | None = None):
-        self.head_params, self.cfg, self.metadata = head_params, cfg, dict(metadata or {})
+    def __init__(self, head_params: dict, cfg: MTPConfig, metadata: HeadMetadata | dict | None = None):
+        self.head_params, self.cfg = head_params, cfg
         self.hidden_layers = (cfg.target_layers,)
+        self.metadata = head_metadata(metadata, self.hidden_layers, cfg.draft_vocab_size)
 
     @classmethod
     def load(cls, path: str) -> "MTP":
@@ -55,7 +57,7 @@ class MTP(Drafter):
     def save(self, path: str) -> None:
         flat = {k: v for k, v in self.head_params.items() if k != "block"}
         flat.update({f"block.{k}": v for k, v in self.head_params["block"].items()})
-        save_head(path, KIND, self.cfg.__dict__, flat, self.metadata)
+        save_head(path, KIND, self.cfg.__dict__, flat, self.metadata.to_dict())
 
     def __repr__(self):
         return f"MTP({self.cfg.num_modules} modules, draft vocab {self.cfg.draft_vocab_size})"
