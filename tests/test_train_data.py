@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from train import data
+from jaxspec.train import data
 
 from .conftest import tiny_model
 
@@ -125,7 +125,7 @@ def test_settings_guard_and_bad_input(tmp_path, prompt_file):
 
 
 def test_draft_vocabulary_takes_the_most_frequent_answer_tokens(tmp_path):
-    from train.vocab import draft_vocabulary
+    from jaxspec.train.vocab import draft_vocabulary
 
     out = str(tmp_path / "d")
     os.makedirs(out)
@@ -152,7 +152,7 @@ def prompt_dir(tmp_path):
 
 
 def test_a_mix_draws_each_pool_by_weight_and_keeps_pools_apart(prompt_dir):
-    from train.prompts import parse_mix, pool_orders, stream
+    from jaxspec.train.prompts import parse_mix, pool_orders, stream
 
     mix = parse_mix("plain.jsonl=1,mixed.jsonl:code=2,mixed.jsonl:chat=2")
     assert mix == {"plain.jsonl": 0.2, "mixed.jsonl:code": 0.4, "mixed.jsonl:chat": 0.4}
@@ -241,7 +241,7 @@ def test_a_version_1_folder_gains_a_new_part_on_unused_prompts(tmp_path, prompt_
     counts = data.summary(out)
     assert counts["examples"] == 20 and set(counts["pools"]) == {"plain.jsonl", "mixed.jsonl:code"}
     # the held-out prompts of a check alternate between the last part's pools
-    from train.acceptance import heldout_prompts
+    from jaxspec.train.acceptance import heldout_prompts
     held = heldout_prompts(m, out, prompt_dir, 4)
     part = manifest["parts"][1]["heldout"]
     plain_t = data.read_prompt_file(os.path.join(prompt_dir, "plain.jsonl"))
@@ -254,8 +254,8 @@ def test_a_version_1_folder_gains_a_new_part_on_unused_prompts(tmp_path, prompt_
 
 
 def test_coverage_counts_answer_tokens_inside_the_draft_vocabulary(tmp_path, prompt_dir):
-    from train.coverage import coverage, vocab_report
-    from train.vocab import draft_vocabulary
+    from jaxspec.train.coverage import coverage, vocab_report
+    from jaxspec.train.vocab import draft_vocabulary
 
     assert coverage(np.asarray([3, 5]), [[3, 3, 4], [5]]) == pytest.approx(3 / 4)
     m = tiny_model()

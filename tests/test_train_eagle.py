@@ -8,7 +8,7 @@ import numpy as np
 from jaxspec.cache import init_cache
 from jaxspec.heads import EagleConfig, eagle_step, fuse_features, init_eagle_params
 from jaxspec.models import forward
-from train.eagle import ttt_logits, ttt_loss
+from jaxspec.train.eagle import ttt_logits, ttt_loss
 
 from .conftest import TINY, tiny_model
 

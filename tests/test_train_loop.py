@@ -18,12 +18,12 @@ from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_pa
 from jaxspec.heads.mtp import BLOCK_KEYS
 from jaxspec.model import Model
 from jaxspec.models import init_params, layer_params
-from train import data, loop
-from train.acceptance import acceptance, heldout_prompts
+from jaxspec.train import data, loop
+from jaxspec.train.acceptance import acceptance, heldout_prompts
 from jaxspec.models import lm_head_rows
-from train.eagle import train_eagle
-from train.draft import draft_config, projected_embeddings, train_draft
-from train.mtp import train_mtp
+from jaxspec.train.eagle import train_eagle
+from jaxspec.train.draft import draft_config, projected_embeddings, train_draft
+from jaxspec.train.mtp import train_mtp
 
 from .conftest import TINY, ByteTokenizer
 
@@ -161,7 +161,7 @@ DATA_PARALLEL = """
 import json, sys
 import jax
 from tests.test_train_loop import chain_model, TRAINERS
-from train import loop
+from jaxspec.train import loop
 assert jax.device_count() == int(sys.argv[3]), jax.devices()
 train, kw, _ = TRAINERS[sys.argv[4]]
 cfg = loop.TrainConfig(steps=2, lr=3e-3, warmup=1, save_every=2, eval_every=0, log_every=1)
@@ -184,8 +184,8 @@ def test_data_parallel_step_equals_single_device(tiny_data, tmp_path, kind):
 
 
 def test_answer_only_mask_starts_where_drafts_reach_the_answer(tiny_data):
-    from train.batches import FeatureBatches
-    from train.features import cache_features
+    from jaxspec.train.batches import FeatureBatches
+    from jaxspec.train.features import cache_features
 
     m, data_dir, _ = tiny_data
     feat_dir = cache_features(m, data_dir, LAYERS, progress=False)
@@ -203,7 +203,7 @@ def test_answer_only_mask_starts_where_drafts_reach_the_answer(tiny_data):
 def test_feature_cache_pads_rows_to_few_shapes_and_matches_the_target(tiny_data, tmp_path, monkeypatch):
     from jaxspec.cache import init_cache
     from jaxspec.models.llama import forward_hidden
-    from train import features
+    from jaxspec.train import features
 
     m, data_dir, _ = tiny_data
     shapes, real = [], features._hidden_jit
@@ -232,7 +232,7 @@ def test_feature_cache_pads_rows_to_few_shapes_and_matches_the_target(tiny_data,
 
 
 def test_onpolicy_round_trains_the_draft_on_its_own_answers(tiny_data, tmp_path):
-    from train.onpolicy import onpolicy_rounds
+    from jaxspec.train.onpolicy import onpolicy_rounds
 
     m, data_dir, prompts = tiny_data
     held = heldout_prompts(m, data_dir, prompts, 8)
@@ -279,7 +279,7 @@ def jaxspec_generate(*a, **k):
 
 
 def test_scaling_curve_trains_each_fraction_for_the_same_epochs(tiny_data, tmp_path):
-    from train.scaling import scaling_curve, subset
+    from jaxspec.train.scaling import scaling_curve, subset
 
     names = [f"shard-{i:05d}.npz" for i in range(8)]
     assert subset(names, 1) == names and subset(names, 0.25) == names[::4]
