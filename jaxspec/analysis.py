@@ -1,4 +1,5 @@
-"""Closed-form speed model and Monte-Carlo checks for speculative decoding (numpy only).
+"""Closed-form speed model and Monte-Carlo checks for speculative decoding (numpy; expected_tokens
+also runs on jax arrays, inside jit, for the adaptive policy).
 
 Formulas are from Leviathan, Kalman & Matias 2023, "Fast Inference from Transformers via
 Speculative Decoding" (section 3). Notation: `a` is the acceptance rate (the paper's alpha, the
@@ -8,6 +9,8 @@ one target step. Shape letters: B batch, K draft tokens, V vocabulary.
 """
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -21,21 +24,22 @@ def _check_a(a: np.ndarray) -> np.ndarray:
 def expected_tokens(a, K):
     """Expected tokens emitted per target pass: (1 - a^(K+1)) / (1 - a) (paper, eq. 1).
 
-    a, K broadcast against each other (numpy arrays or scalars). The a -> 1 limit, K + 1, is
-    returned exactly; near 1 the numerator is evaluated as -expm1((K+1) log a) so it does not
-    cancel.
+    a, K broadcast against each other: numpy arrays or scalars (checked: a in [0, 1], K >= 0), or
+    jax arrays (unchecked, traceable; policy.choose). The a -> 1 limit, K + 1, is returned exactly;
+    near 1 the numerator is evaluated as -expm1((K+1) log a) so it does not cancel.
     """
-    a = _check_a(a)
-    K = np.asarray(K)
-    if np.any(K < 0):
-        raise ValueError("K must be >= 0")
+    xp = jnp if isinstance(a, jax.Array) or isinstance(K, jax.Array) else np
+    if xp is np:
+        a, K = _check_a(a), np.asarray(K)
+        if np.any(K < 0):
+            raise ValueError("K must be >= 0")
     gap = 1.0 - a                                   # exact for a in [0.5, 1] (Sterbenz)
-    safe_gap = np.where(gap == 0, 1.0, gap)
+    safe_gap = xp.where(gap == 0, 1.0, gap)
     with np.errstate(divide="ignore"):
         # 1 - a^(K+1) = -expm1((K+1) log a); log 0 = -inf gives a^(K+1) = 0 at a = 0.
-        num = -np.expm1((K + 1) * np.log(a))
-    out = np.where(gap == 0, K + 1.0, num / safe_gap)
-    return out[()] if out.ndim == 0 else out
+        num = -xp.expm1((K + 1) * xp.log(a))
+    out = xp.where(gap == 0, K + 1.0, num / safe_gap)
+    return out[()] if xp is np and out.ndim == 0 else out
 
 
 def walltime_improvement(a, K, c):

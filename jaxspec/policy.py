@@ -23,10 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .analysis import expected_tokens
+
 DECAY = 0.95                # weight of a context's past evidence, per new observation of it
 PRIOR_TRIALS = 2.0          # weight of the prior, in drafts
 PROBE_BUDGET = 0.02         # expected loss of probes, as a share of the plain steps between them
 MIN_WAIT, MAX_WAIT = 1, 256  # plain steps before a probe
+A_MAX = 0.999               # estimates are kept below 1: a run of accepts is no proof of a = 1
 PROBE_FLOOR = 0.05          # no probe while an active row's context is below this (NGram without a match)
 SYNC_TOLERANCE = 0.05       # a K = 0 step this close to a plain step's cost counts as free: the spread of
                             # the measurement (EAGLE's and the draft model's, no model pass: 0.98-1.03)
@@ -49,12 +52,6 @@ def init_estimate(prior) -> Estimate:
     return Estimate(prior * PRIOR_TRIALS, jnp.full_like(prior, PRIOR_TRIALS), jnp.int32(0))
 
 
-def expected_tokens(a: jax.Array, ks: jax.Array) -> jax.Array:
-    """(1 - a^(K+1)) / (1 - a) per candidate K (a < 1 kept away from 1)."""
-    a = jnp.clip(a, 0.0, 0.999)
-    return (1.0 - a ** (ks + 1)) / (1.0 - a)
-
-
 def choose(est: Estimate, ks: tuple, costs: jax.Array, context: jax.Array, active: jax.Array) -> jax.Array:
     """Index into ks of the K for this step. costs float32[len(ks)]: c_K in plain steps; context
     int32[B]: each row's drafter context; active bool[B]: rows still generating.
@@ -64,7 +61,7 @@ def choose(est: Estimate, ks: tuple, costs: jax.Array, context: jax.Array, activ
     NGram matches buy K > 0 steps that slowed the rows without one (batch 16: 0.9x plain)."""
     a = est.accepted[context] / est.trials[context]                              # [B]
     k = jnp.asarray(ks, jnp.float32)
-    per_row = jnp.where(active[:, None], expected_tokens(a[:, None], k[None]), jnp.inf)   # [B, len(ks)]
+    per_row = jnp.where(active[:, None], expected_tokens(jnp.clip(a, 0.0, A_MAX)[:, None], k[None]), jnp.inf)   # [B, len(ks)]
     tokens = jnp.where(jnp.any(active), per_row.min(0), 1.0)                    # [len(ks)]
     rate = tokens / costs
     best = jnp.argmax(rate).astype(jnp.int32)
@@ -102,6 +99,6 @@ def speculation_can_pay(ks: tuple, costs, prior, errors=None) -> bool:
     lost 8-17% (docs in README, Measured)."""
     prior, costs = np.asarray(prior, np.float32), np.asarray(costs, np.float32)
     errors = np.zeros_like(costs) if errors is None else np.asarray(errors, np.float32)
-    pays = lambda a: any(k > 0 and float(np.max(expected_tokens(a, k))) / c > 1.0 for k, c in zip(ks, costs))
+    pays = lambda a: any(k > 0 and float(np.max(expected_tokens(np.clip(a, 0.0, A_MAX), k))) / c > 1.0 for k, c in zip(ks, costs))
     cheap_wait = ks[0] == 0 and costs[0] - 2.0 * errors[0] <= 1.0 + SYNC_TOLERANCE
     return pays(prior) or (cheap_wait and pays(np.ones_like(prior)))

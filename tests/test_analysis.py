@@ -155,3 +155,11 @@ def test_break_even_acceptance():
     assert break_even_acceptance(4, 0.0) == 0.0
     assert break_even_acceptance(4, 1.0) == 1.0
     assert break_even_acceptance(4, 2.5) == 1.0
+
+
+def test_expected_tokens_traced_in_jit_equals_the_checked_numpy_form():
+    import jax
+    import jax.numpy as jnp
+    a, K = np.array([0.0, 0.3, 0.8, 0.999, 1.0]), np.array([0, 1, 3, 5, 8])
+    traced = jax.jit(expected_tokens)(jnp.asarray(a, jnp.float32)[:, None], jnp.asarray(K, jnp.float32)[None])
+    np.testing.assert_allclose(np.asarray(traced), expected_tokens(a[:, None], K[None]), rtol=1e-5)
