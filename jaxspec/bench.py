@@ -20,20 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-DEFAULT_PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "prompts",
-                               "eval.jsonl")
-BUILTIN_PROMPTS = ["Explain why the sky is blue.", "Write a Python function that reverses a list.",
-                   "Natalia sold clips to 48 friends in April and half as many in May. How many in all?"]
+from . import paths
+
+EVAL_PROMPTS = "eval.jsonl"    # the default prompt file, in paths.prompts_dir()
 
 
 def read_prompts(path: str | None, limit: int, source: str | None = None) -> list[str]:
-    """`limit` prompts spread evenly over a JSONL file with a "prompt" field (default: eval.jsonl);
-    source: only the rows whose "source" field is this (e.g. gsm8k-test, humaneval, vicuna-80)."""
-    path = path or DEFAULT_PROMPTS
+    """`limit` prompts spread evenly over a JSONL file with a "prompt" field (default: eval.jsonl in
+    paths.prompts_dir()); source: only the rows whose "source" field is this (e.g. gsm8k-test,
+    humaneval, vicuna-80). ValueError for a missing file."""
+    path = path or paths.prompt_file(EVAL_PROMPTS)
     if not os.path.isfile(path):
-        if path != DEFAULT_PROMPTS or source:
-            raise ValueError(f"prompt file not found: {path}")
-        return BUILTIN_PROMPTS[:limit]
+        raise ValueError(f"prompt file not found: {path}")
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     if source:
@@ -85,31 +83,22 @@ def drafter_memory(model, drafter, K: int, prompt_len: int, max_new_tokens: int)
 def make_drafter(spec: str, model):
     """'ngram' | 'ngram:MAX:MIN' | 'draft:PATH' (a model folder or .gguf) | 'truncated:N' (first N layers)
     | 'eagle:PATH' | 'eagle' | 'mtp:PATH' | 'mtp' | 'draft' ('eagle', 'mtp', 'draft': the heads and the
-    distilled draft model shipped for the model, see shipped_head)."""
+    distilled draft model shipped for the model, see paths.shipped_head)."""
     from .drafters import MTP, DraftModel, Eagle, NGram, truncated
 
     name, _, arg = spec.partition(":")
     if name == "ngram":
         return NGram(*(int(x) for x in arg.split(":"))) if arg else NGram()
     if name == "draft":
-        return DraftModel.load(arg or shipped_head(model, "draft"))
+        return DraftModel.load(arg or paths.shipped_head(model.source, "draft"))
     if name == "truncated" and arg:
         return DraftModel(truncated(model, int(arg)))
     if name == "eagle":
-        return Eagle.load(arg or shipped_head(model, "eagle"))
+        return Eagle.load(arg or paths.shipped_head(model.source, "eagle"))
     if name == "mtp":
-        return MTP.load(arg or shipped_head(model, "mtp"))
+        return MTP.load(arg or paths.shipped_head(model.source, "mtp"))
     raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft, draft:PATH, "
                      f"truncated:N, eagle, eagle:PATH, mtp or mtp:PATH")
-
-
-def shipped_head(model, kind: str) -> str:
-    """checkpoints/<model name>/<kind> in this repository, for a named model."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints",
-                        os.path.basename(model.source), kind)
-    if not os.path.isdir(path):
-        raise ValueError(f"no shipped {kind} head for {model.source!r} (looked in {path}); give {kind}:PATH")
-    return path
 
 
 def _aggregate(runs: list) -> dict:
@@ -283,7 +272,7 @@ def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: i
            for t in texts]
     made = {spec: make_drafter(spec, model) for spec in drafters}
     result = {"model": model_name, "backend": jax.default_backend(), "prompts": len(ids),
-              "prompt_file": prompt_file or DEFAULT_PROMPTS, "source": source, "max_new_tokens": max_new_tokens,
+              "prompt_file": prompt_file or paths.prompt_file(EVAL_PROMPTS), "source": source, "max_new_tokens": max_new_tokens,
               "ks": list(ks), "adaptive": adaptive, "repeats": repeats, "runs": []}
     for temperature in temperatures:
         for batch in batch_sizes:

@@ -128,6 +128,21 @@ def test_bench_prompt_file_and_drafter_names(tmp_path):
     assert bench.make_drafter("ngram:4:2", None).max_ngram == 4
 
 
+def test_default_prompts_and_shipped_heads_come_from_the_documented_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXSPEC_PROMPTS", str(tmp_path))
+    with pytest.raises(ValueError, match="eval.jsonl.*JAXSPEC_PROMPTS"):    # no built-in prompts instead
+        bench.read_prompts(None, 3)
+    (tmp_path / "eval.jsonl").write_text('{"prompt": "mine"}\n')
+    assert bench.read_prompts(None, 3) == ["mine"]
+    monkeypatch.setenv("JAXSPEC_ROOT", str(tmp_path))
+    m = tiny_model()
+    with pytest.raises(ValueError, match="no shipped eagle head.*JAXSPEC_ROOT"):
+        bench.make_drafter("eagle", m)
+    (tmp_path / "checkpoints" / m.source / "draft").mkdir(parents=True)
+    with pytest.raises(ValueError, match="model folder|not found|config"):   # found there, and it is empty
+        bench.make_drafter("draft", m)
+
+
 def test_drafter_memory_counts_own_weights_and_state():
     import jax
 

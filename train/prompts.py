@@ -11,8 +11,9 @@ import json
 import os
 
 import numpy as np
+from jaxspec import paths
 
-DEFAULT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "prompts")
+DEFAULT_DIR = paths.prompts_dir()       # $JAXSPEC_PROMPTS, else ../shared/data/prompts beside the repository
 
 
 def read_prompt_rows(path: str) -> list[dict]:

@@ -1,0 +1,38 @@
+"""Where the shipped checkpoints and the prompt files are: one root, documented and overridable.
+
+root(): $JAXSPEC_ROOT, else the repository that holds this package. The shipped heads are in
+root()/checkpoints/<model name>/<kind>; the prompt files (train.jsonl, train-mix.jsonl, eval.jsonl)
+in $JAXSPEC_PROMPTS, else root()/../shared/data/prompts. A missing file is an error that names
+the path looked at, never a quiet switch to something else.
+"""
+from __future__ import annotations
+
+import os
+
+ROOT_ENV, PROMPTS_ENV = "JAXSPEC_ROOT", "JAXSPEC_PROMPTS"
+
+
+def root() -> str:
+    return os.path.abspath(os.environ.get(ROOT_ENV) or os.path.join(os.path.dirname(__file__), ".."))
+
+
+def prompts_dir() -> str:
+    return os.path.abspath(os.environ.get(PROMPTS_ENV) or os.path.join(root(), "..", "shared", "data", "prompts"))
+
+
+def prompt_file(name: str) -> str:
+    """The path of a prompt file in prompts_dir(); ValueError if it is not there."""
+    path = os.path.join(prompts_dir(), name)
+    if not os.path.isfile(path):
+        raise ValueError(f"prompt file not found: {path} (set ${PROMPTS_ENV} to the folder holding {name}, "
+                         f"or pass a file)")
+    return path
+
+
+def shipped_head(model_source: str, kind: str) -> str:
+    """root()/checkpoints/<model name>/<kind>; ValueError if it is not there."""
+    path = os.path.join(root(), "checkpoints", os.path.basename(model_source), kind)
+    if not os.path.isdir(path):
+        raise ValueError(f"no shipped {kind} head for {model_source!r} (looked in {path}; set ${ROOT_ENV} "
+                         f"to the folder holding checkpoints/, or give {kind}:PATH)")
+    return path
