@@ -1,14 +1,25 @@
 """Step costs for the adaptive policy: one step with each candidate K, timed against a plain target
-step in the same process, in plain steps (policy.py turns them into the choice of K)."""
+step in the same process, in plain steps (policy.py turns them into the choice of K).
+
+Like an autotuning cache, a measurement is kept for the process and in a file
+(paths.cache_dir()/step_costs.json) keyed by device kind, target (name, shapes, dtype), drafter, candidate Ks,
+batch size, sampling kind and attention path: later runs on that machine reuse it, so a seeded
+sampled run with adaptive K gives the same tokens in every process. generate(step_costs=...) pins
+them instead.
+"""
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import paths
 from .cache import rollback
 from .decode.batch import live_slots
 from .decode.speculative import spec_step
@@ -17,6 +28,47 @@ from .models import forward
 from .sampling import sample_tokens
 
 _COSTS: dict = {}     # key -> measured costs, for the life of the process
+COSTS_FILE = "step_costs.json"
+
+
+def _file() -> str:
+    return os.path.join(paths.cache_dir(), COSTS_FILE)
+
+
+def _read_file() -> dict:
+    try:
+        with open(_file()) as f:
+            return json.load(f)
+    except (OSError, ValueError):       # none yet, or unreadable: measure again
+        return {}
+
+
+def _disk_key(key: tuple) -> str:
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:20]
+
+
+def _load(key: tuple) -> dict | None:
+    entry = _read_file().get(_disk_key(key))
+    if entry is None:
+        return None
+    return {"costs": np.asarray(entry["costs"], np.float32), "errors": np.asarray(entry["errors"], np.float32),
+            "plain_seconds": float(entry["plain_seconds"])}
+
+
+def _store(key: tuple, value: dict) -> None:
+    """Add one measurement to the cost file (written whole to a temporary file, then renamed)."""
+    table = _read_file()
+    table[_disk_key(key)] = {"key": repr(key)[:500], "costs": [float(c) for c in value["costs"]],
+                             "errors": [float(e) for e in value["errors"]], "plain_seconds": value["plain_seconds"]}
+    try:
+        os.makedirs(paths.cache_dir(), exist_ok=True)
+        tmp = f"{_file()}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(table, f, indent=1)
+        os.replace(tmp, _file())
+    except OSError as e:                # a read-only home: the process cache still serves
+        import warnings
+        warnings.warn(f"could not keep step costs in {_file()}: {e}", stacklevel=3)
 
 
 def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, rounds: tuple = (15, 60),
@@ -40,6 +92,10 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, round
     float, "seconds": time spent here}."""
     if key in _COSTS:
         return {**_COSTS[key], "seconds": 0.0}
+    kept = _load(key)
+    if kept is not None:
+        _COSTS[key] = kept
+        return {**kept, "seconds": 0.0}
     start = time.perf_counter()
     ends = sorted({k for k in ks if k <= 1} | {max(ks)})
     args = list(make_args())
@@ -69,13 +125,15 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, round
     errors = {k: 1.2533 * float(np.std(r)) / np.sqrt(len(r)) for k, r in ratios.items()}
     _COSTS[key] = {"costs": per_k({k: float(np.median(r)) for k, r in ratios.items()}), "errors": per_k(errors),
                    "plain_seconds": float(np.median(plains))}
+    _store(key, _COSTS[key])
     return {**_COSTS[key], "seconds": time.perf_counter() - start}
 
 
-
-def clear() -> None:
-    """Forget every measured cost."""
+def clear(disk: bool = False) -> None:
+    """Forget every cost measured in this process; disk=True also removes the cost file."""
     _COSTS.clear()
+    if disk and os.path.exists(_file()):
+        os.remove(_file())
 
 
 def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attention: bool = False) -> dict:
@@ -118,5 +176,8 @@ def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attent
         return timed
 
     greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
-    key = (cfg, drafter.static_key(), ks, B, greedy, live_attention)   # one measurement serves every cache size
+    device = jax.devices()[0]
+    # the target by its shapes and dtype (what a step's time depends on), not a hash of its weights
+    key = (device.platform, device.device_kind, model.source, cfg, str(params["embed"].dtype), drafter.static_key(),
+           ks, B, greedy, live_attention)                # one measurement serves every cache size
     return measure_costs(key, plain, spec, make_args, ks)

@@ -54,10 +54,24 @@ class GenerateOutput:
     stats: Stats
 
 
-def _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention):
-    """Adaptive: measure the step costs and apply the gate. -> (drafter or None, costs float32[len(ks)],
-    seconds spent measuring, {K: cost} for the stats)."""
-    measured = step_costs(model, drafter, ks, tokens, lengths, cache, params_s, live_attention)
+def _pinned(pinned: dict, ks: tuple) -> dict:
+    """generate(step_costs=...) as measure_costs' result; ValueError unless it gives every K in ks."""
+    pinned = {int(k): v for k, v in pinned.items()}           # keys may be strings (read back from JSON)
+    missing = [k for k in ks if k not in pinned]
+    if missing:
+        raise ValueError(f"step_costs must give the cost of every candidate K {list(ks)} (in plain steps); "
+                         f"missing {missing}")
+    if any(not float(pinned[k]) > 0 for k in ks):
+        raise ValueError(f"step_costs must be positive, got {pinned}")
+    costs = np.asarray([float(pinned[k]) for k in ks], np.float32)
+    return {"costs": costs, "errors": np.zeros_like(costs), "seconds": 0.0}
+
+
+def _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention, pinned):
+    """Adaptive: measure the step costs (unless pinned) and apply the gate. -> (drafter or None, costs
+    float32[len(ks)], seconds spent measuring, {K: cost} for the stats)."""
+    measured = _pinned(pinned, ks) if pinned is not None else \
+        step_costs(model, drafter, ks, tokens, lengths, cache, params_s, live_attention)
     costs = measured["costs"]
     if not policy.speculation_can_pay(ks, costs, drafter.prior_acceptance, measured["errors"]):
         warnings.warn(f"{type(drafter).__name__}: no draft length is expected to pay at these step costs "
@@ -107,7 +121,8 @@ def _acceptance(stats: Stats, acc, ks, adaptive: bool) -> None:
 
 def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
              sampling: SamplingArg = Sampling(), drafter: Optional[Drafter] = None, num_draft_tokens: int = 5,
-             seed: int = 0, max_cache_len: Optional[int] = None, adaptive: bool = True) -> GenerateOutput:
+             seed: int = 0, max_cache_len: Optional[int] = None, adaptive: bool = True,
+             step_costs: Optional[dict] = None) -> GenerateOutput:
     """Generate up to max_new_tokens per prompt (token-id lists) with the target `model`.
 
     drafter=None is plain autoregressive decoding; with a drafter every step proposes up to
@@ -116,7 +131,10 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
     included, from running acceptance estimates and step costs measured on first use for this
     batch size; when neither the drafter's prior acceptance makes some K pay nor waiting at K = 0 is
     about as cheap as a plain step (policy.speculation_can_pay), it decodes plainly and says so (a
-    warning, stats.decoded_plainly). adaptive=False: K fixed. Returns tokens, texts and stats.
+    warning, stats.decoded_plainly). Measured costs are kept in a file and reused by later runs on
+    the machine (jaxspec/costs.py), so seeded runs repeat; step_costs={K: cost in plain steps} for
+    every K in policy.candidates(K) pins them instead (out.stats.step_costs of an earlier run).
+    adaptive=False: K fixed. Returns tokens, texts and stats.
     """
     cfg: ModelConfig = model.config
     K = check_drafter(drafter, num_draft_tokens, model) if drafter is not None else 0
@@ -133,7 +151,8 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
     ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
     costs, cost_s, measured, plainly = np.ones((len(ks),), np.float32), 0.0, {}, False
     if drafter is not None and adaptive:
-        drafter, costs, cost_s, measured = _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention)
+        drafter, costs, cost_s, measured = _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention,
+                                                 step_costs)
         plainly = drafter is None
     result, compile_s, prefill_s, decode_s = _loop(model, drafter, ks, costs, tokens, lengths, limits, cache,
                                                    params_s, eos_ids, key, N, live_attention)

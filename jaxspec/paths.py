@@ -3,13 +3,14 @@
 root(): $JAXSPEC_ROOT, else the repository that holds this package. The shipped heads are in
 root()/checkpoints/<model name>/<kind>; the prompt files (train.jsonl, train-mix.jsonl, eval.jsonl)
 in $JAXSPEC_PROMPTS, else root()/../shared/data/prompts. A missing file is an error that names
-the path looked at, never a quiet switch to something else.
+the path looked at, never a quiet switch to something else. Measurements kept between runs
+(step costs, costs.py) go to cache_dir(): $JAXSPEC_CACHE, else $XDG_CACHE_HOME/jaxspec or ~/.cache/jaxspec.
 """
 from __future__ import annotations
 
 import os
 
-ROOT_ENV, PROMPTS_ENV = "JAXSPEC_ROOT", "JAXSPEC_PROMPTS"
+ROOT_ENV, PROMPTS_ENV, CACHE_ENV = "JAXSPEC_ROOT", "JAXSPEC_PROMPTS", "JAXSPEC_CACHE"
 
 
 def root() -> str:
@@ -18,6 +19,11 @@ def root() -> str:
 
 def prompts_dir() -> str:
     return os.path.abspath(os.environ.get(PROMPTS_ENV) or os.path.join(root(), "..", "shared", "data", "prompts"))
+
+
+def cache_dir() -> str:
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.abspath(os.environ.get(CACHE_ENV) or os.path.join(user_cache, "jaxspec"))
 
 
 def prompt_file(name: str) -> str:

@@ -18,6 +18,13 @@ from jaxspec.models import init_params
 REAL = "smollm2-135m-instruct"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cost_cache(tmp_path_factory):
+    """Step costs measured by the tests go to a folder of this session, not the user's cache."""
+    os.environ["JAXSPEC_CACHE"] = str(tmp_path_factory.mktemp("jaxspec-cache"))
+    yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _free_compiled_programs():
     """Drop compiled programs after each test module: every SmolLM2 loop holds ~1,500 memory maps
