@@ -18,12 +18,12 @@ def test_bench_decoders_fixed_and_adaptive():
     for label, d in result.items():
         assert d["tokens"] == 4 * 12 and d["tokens_per_second"] > 0 and d["speedup"] > 0   # 2 batches of 2
         assert d["decode_tokens_per_second"] > 0 and d["decode_speedup"] > 0
-        assert d["prefill_seconds"] + d["decode_seconds"] == pytest.approx(d["seconds"])
     assert len(result["ngram K=3"]["per_position_acceptance"]) == 3
     assert 1.0 <= result["ngram K=3"]["mean_accepted_length"] <= 4.0
     fixed = result["ngram K=3"]
-    assert fixed["step_cost"] > 0 and fixed["predicted_speedup"] == fixed["mean_accepted_length"] / fixed["step_cost"]
-    assert fixed["measured_over_predicted"] == fixed["decode_speedup"] / fixed["predicted_speedup"]
+    assert 0.5 < fixed["step_cost"] < 4                    # in plain steps (not seconds): 3 lookups and one
+    assert fixed["predicted_speedup"] == pytest.approx(    # 4-token pass cost less than 3 + 1 plain steps
+        fixed["mean_accepted_length"] / fixed["step_cost"])
     assert sum(result["ngram adaptive K<=3"]["steps_per_k"].values()) == result["ngram adaptive K<=3"]["target_steps"]
     assert all(d["rows_as_plain"] == d["rows"] == 4 for d in result.values())    # greedy: lossless, row by row
     assert bench.batches([[1], [2], [3]], 2) == [[[1], [2]], [[3], [1]]]      # cycled to fill the last batch

@@ -91,7 +91,7 @@ def test_drafting_after_plain_steps_matches_one_shot_pairs():
 
 
 @pytest.mark.parametrize("K", [1, 3])
-def test_eagle_greedy_lossless_and_sampling_set(K):
+def test_eagle_greedy_lossless_with_per_position_statistics(K):
     m, e = tiny_model(), _eagle()
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7, 8, 9, 10, 11, 12, 4, 5], [7]]
     plain = jaxspec.generate(m, prompts, max_new_tokens=20).tokens

@@ -26,8 +26,8 @@ def test_same_bucket_does_not_recompile(tiny):
     assert out.stats.compile_seconds == 0.0
     assert [len(t) for t in out.tokens] == [12, 12]
     s = out.stats                                    # the prompt pass and the loop are timed apart
-    assert s.prefill_seconds > 0 and s.decode_seconds > 0 and s.wall_seconds == s.prefill_seconds + s.decode_seconds
-    assert s.decode_tokens == 2 * 11 and s.decode_tokens_per_second == s.decode_tokens / s.decode_seconds
+    assert s.prefill_seconds > 0 and s.decode_seconds > 0
+    assert s.decode_tokens == 2 * 11 and s.target_steps == 11            # the first token comes from the prompt pass
     jaxspec.generate(tiny, [list(range(40))], max_new_tokens=10)  # a new bucket compiles
     assert (TRACES["autoregressive"], TRACES["prefill"]) == (before[0] + 1, before[1] + 1)
 

@@ -44,7 +44,7 @@ def test_greedy_generate_matches_transformers(smollm, hf_smollm, chat_prompts):
         assert out.tokens[i] == ref_new, f"row {i} differs"
     assert all(len(t) == 64 for t in out.tokens), "every row should compare 64 tokens"
     assert out.texts[0] == smollm.tokenizer.decode(out.tokens[0])
-    assert out.stats.compile_seconds >= 0 and out.stats.tokens_per_second > 0
+    assert out.stats.new_tokens == 3 * 64 and out.stats.target_steps == 63
 
 
 def test_eos_ends_a_row_and_is_kept(smollm):

@@ -10,8 +10,8 @@ from scipy import stats
 import jaxspec
 from jaxspec.bench import make_drafter
 from jaxspec.config import ModelConfig
-from jaxspec.drafters import MTP, DraftModel, NGram, truncated
-from jaxspec.heads import MTPConfig, init_mtp_params
+from jaxspec.drafters import MTP, DraftModel, Eagle, NGram, truncated
+from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params
 from jaxspec.sampling import Sampling, probs_from_logits, row_params
 
 from .conftest import TINY, tiny_model
@@ -114,7 +114,9 @@ def test_sampled_speculative_matches_target_distribution(sampling):
     exact = _exact_joint(target, prompt, sampling)
     mtp_cfg = MTPConfig.for_target(V8, num_modules=2, draft_vocab_size=V8.vocab_size)
     mtp = MTP(init_mtp_params(mtp_cfg, jax.random.PRNGKey(4), scale=0.5), mtp_cfg)
-    for drafter in (NGram(), DraftModel(tiny_model(V8, seed=3, scale=0.8)), mtp):
+    eagle_cfg = EagleConfig.for_target(V8, draft_vocab_size=V8.vocab_size)
+    eagle = Eagle(init_eagle_params(eagle_cfg, jax.random.PRNGKey(5), scale=0.5), eagle_cfg)
+    for drafter in (NGram(), DraftModel(tiny_model(V8, seed=3, scale=0.8)), mtp, eagle):
         out = jaxspec.generate(target, [prompt] * ROWS, max_new_tokens=3, sampling=sampling,
                                drafter=drafter, num_draft_tokens=2, adaptive=False, seed=11)
         codes = np.array([t[0] * 64 + t[1] * 8 + t[2] for t in out.tokens])
