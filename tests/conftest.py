@@ -18,6 +18,17 @@ from jaxspec.models import init_params
 REAL = "smollm2-135m-instruct"
 
 
+REAL_MODEL_FIXTURES = {"smollm", "hf_smollm", "chat_prompts"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that use the real SmolLM2 (through these fixtures) are `slow`: `pytest -m "not slow"` runs
+    the rest in a few minutes. Tests that load it otherwise carry @pytest.mark.slow themselves."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _own_cost_cache(tmp_path_factory):
     """Step costs measured by the tests go to a folder of this session, not the user's cache."""

@@ -134,6 +134,7 @@ def test_bad_model_sources(tmp_path):
         jaxspec.load(str(tmp_path / "empty"))
 
 
+@pytest.mark.slow
 def test_truncated_real_gguf(tmp_path):
     from jaxspec.loading.registry import resolve_named
     data = open(resolve_named("smollm2-135m-instruct"), "rb").read(4_000_000)
