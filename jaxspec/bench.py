@@ -207,27 +207,37 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, 
                 made[label] += out.tokens
                 bar.update(1)
     bar.close()
-    plain = _aggregate(sum(runs["plain"], []))
-    plain_reps = [_aggregate(rep) for rep in runs["plain"]]
     result = {}
     for label, d, k, ad in configs:
-        r = {**_aggregate(sum(runs[label], [])), "compile_seconds": compile_s[label], "K": k, "adaptive": ad}
-        r.update(_speedups(r, plain))
-        if repeats > 1:
-            reps = [_speedups(_aggregate(rep), p) for rep, p in zip(runs[label], plain_reps)]
-            r["speedups"] = [x["speedup"] for x in reps]
-            r["decode_speedups"] = [x["decode_speedup"] for x in reps]
+        r = {**_compared(runs[label], runs["plain"]), "compile_seconds": compile_s[label], "K": k, "adaptive": ad}
         if sampling.temperature == 0:        # greedy: the same tokens as plain, row by row
-            same = [a == b for a, b in zip(made[label], made["plain"])]
-            r["rows_as_plain"], r["rows"] = sum(same), len(same)
-            r["differences"] = [first_difference(made["plain"][i], made[label][i], made_from[i])
-                                for i in np.flatnonzero(~np.array(same, bool))[:MAX_DIFFERENCES]]
+            r.update(_rows_as_plain(made[label], made["plain"], made_from))
         if d is not None and not ad:          # Leviathan: tokens per step / cost of a step (plain steps)
             r["step_cost"] = step_cost(model, d, k, groups[0], max_new_tokens, sampling)
             r["predicted_speedup"] = r["mean_accepted_length"] / r["step_cost"]
             r["measured_over_predicted"] = r["decode_speedup"] / r["predicted_speedup"]   # both after prefill
         result[label] = r
     return result
+
+
+def _compared(runs: list, plain_runs: list) -> dict:
+    """A decoder's aggregate over its runs [repeat][group] with its speedups over plain decoding's
+    (and each repeat's, when there are several)."""
+    r = _aggregate(sum(runs, []))
+    r.update(_speedups(r, _aggregate(sum(plain_runs, []))))
+    if len(runs) > 1:
+        reps = [_speedups(_aggregate(rep), _aggregate(p)) for rep, p in zip(runs, plain_runs)]
+        r["speedups"] = [x["speedup"] for x in reps]
+        r["decode_speedups"] = [x["decode_speedup"] for x in reps]
+    return r
+
+
+def _rows_as_plain(made: list, plain: list, made_from: list) -> dict:
+    """How many rows equal plain decoding's, and where the first few that do not differ."""
+    same = [a == b for a, b in zip(made, plain)]
+    return {"rows_as_plain": sum(same), "rows": len(same),
+            "differences": [first_difference(plain[i], made[i], made_from[i])
+                            for i in np.flatnonzero(~np.array(same, bool))[:MAX_DIFFERENCES]]}
 
 
 def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_ids, lookup_k: int = 0) -> dict:

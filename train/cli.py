@@ -152,6 +152,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add `train` and its subcommands to the jaxspec command line."""
     train = sub.add_parser("train", help="make self-distilled data and train draft heads")
     tsub = train.add_subparsers(dest="train_command", required=True)
+    _data_commands(tsub)
+    _eagle_commands(tsub)
+    _draft_commands(tsub)
+
+
+def _data_commands(tsub) -> None:
+    """train data, train vocab."""
     d = tsub.add_parser("data", help="the target answers training prompts (resumable)")
     d.add_argument("--target", default="smollm2-135m-instruct")
     d.add_argument("--out", required=True)
@@ -185,6 +192,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--eval-tokens", type=int, default=128)
     v.add_argument("--out", default=None, help="folder for coverage.json, coverage.png and the eval answers")
     v.set_defaults(handler=cmd_vocab)
+
+
+def _eagle_commands(tsub) -> None:
+    """train eagle, train scaling, train mtp (heads on the target's features)."""
     e = tsub.add_parser("eagle", help="train an EAGLE-3-style head on the data (resumable)")
     _training_args(e, steps=2000, lr=1e-3)
     e.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd")
@@ -204,6 +215,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--modules", type=int, default=2, help="number of MTP modules D (1-4 is usual)")
     m.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size Vd")
     m.set_defaults(handler=cmd_mtp)
+
+
+def _draft_commands(tsub) -> None:
+    """train draft, train onpolicy (the independent draft model)."""
     dm = tsub.add_parser("draft", help="distil a small draft model from the target's distributions (resumable)")
     _training_args(dm, steps=2000, lr=1e-3)
     dm.set_defaults(batch_tokens=2048)

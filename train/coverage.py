@@ -98,11 +98,12 @@ def vocab_report(model, data_dir: str, sizes, eval_path: str, per_source: int = 
     return report
 
 
-def plot_coverage(report: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_coverage(report: dict, path: str) -> str | None:
+    """The coverage of each eval source and data pool against Vd -> path (None without matplotlib)."""
+    from .plots import pyplot, save
+    plt = pyplot()
+    if plt is None:
+        return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for s, shares in report["eval"].items():
         ax.plot(report["sizes"], shares, "o-", label=f"eval: {s}")
@@ -112,8 +113,5 @@ def plot_coverage(report: dict, path: str) -> None:
     ax.set(xscale="log", xlabel="draft vocabulary size Vd", ylabel="share of the target's answer tokens",
            title="draft vocabulary coverage", ylim=(min(0.7, ax.get_ylim()[0]), 1.0))
     ax.set_xticks(report["sizes"], [str(s) for s in report["sizes"]])
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return save(fig, path)

@@ -108,8 +108,46 @@ def make_data(model, mix, out_dir: str, num_prompts: int = 2048, heldout: int = 
     instead of the target (a draft model: on-policy data for distillation, Agarwal et al. 2024, Zhou et al.
     2024); the target still templates the prompts, and its features are computed over the answers later.
     exclude: {prompt file: indices} never to draw (e.g. another data folder's held-out prompts)."""
-    from jaxspec import Sampling, generate
+    mix, prompts_dir = _checked_mix(mix, prompts_dir, num_prompts, sampled_fraction, temperature)
+    settings = {"target": model.source, "fingerprint": model.fingerprint, "mix": dict(mix),
+                "num_prompts": int(num_prompts), "heldout": int(heldout), "max_new_tokens": max_new_tokens,
+                "max_prompt_tokens": max_prompt_tokens, "seed": seed, "shard_size": shard_size,
+                "batch_size": batch_size, "sampled_fraction": sampled_fraction,
+                "temperature": temperature if sampled_fraction else 0.0,
+                **({"writer": {"source": writer.source, "fingerprint": writer.fingerprint}} if writer else {})}
+    os.makedirs(out_dir, exist_ok=True)
+    manifest, part = _open_part(out_dir, model, settings, new_part)
+    earlier = {**manifest, "parts": [p for p in manifest["parts"] if p is not part]}
+    used = _used_prompts(out_dir, earlier)
+    for name, idx in (exclude or {}).items():
+        used.setdefault(name, set()).update(idx)
+    held, order, texts = pool_orders(mix, prompts_dir, seed, heldout, used)
+    if "heldout" in part and part["heldout"] != held:
+        raise ValueError(f"{out_dir}: the prompt files changed since this part was made (its held-out prompts "
+                         f"differ); use the files it was made from or another --out")
+    part["heldout"] = held
+    items = stream(mix, order, seed, num_prompts)          # checks every pool has enough prompts first
+    manifest.pop("migrated_from", None)
+    manifest_path = os.path.join(out_dir, MANIFEST)
+    with open(manifest_path + ".tmp", "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(manifest_path + ".tmp", manifest_path)
 
+    shards = [items[i:i + shard_size] for i in range(0, len(items), shard_size)]
+    first = part["first_shard"]
+    done = sum(os.path.isfile(_shard_path(out_dir, first + i)) for i in range(len(shards)))
+    bar = tqdm(total=len(items), initial=min(done * shard_size, len(items)), unit="prompt",
+               desc="self-distilled answers", disable=not progress)
+    for s, shard in enumerate(shards):
+        path = _shard_path(out_dir, first + s)
+        if not os.path.isfile(path):
+            _make_shard(model, writer, shard, texts, settings, first + s, path, list(mix), bar)
+    bar.close()
+    return manifest
+
+
+def _checked_mix(mix, prompts_dir, num_prompts: int, sampled_fraction: float, temperature: float):
+    """make_data's mix as {pool: weight} and its prompts folder; ValueError for bad settings."""
     if isinstance(mix, str) and prompts_dir is None and "=" not in mix and "," not in mix:   # one file's path
         prompts_dir, mix = os.path.dirname(os.path.abspath(mix)), {os.path.basename(mix): 1.0}
     elif isinstance(mix, str):
@@ -124,111 +162,87 @@ def make_data(model, mix, out_dir: str, num_prompts: int = 2048, heldout: int = 
         raise ValueError(f"sampled_fraction must lie in [0, 1], got {sampled_fraction}")
     if sampled_fraction and not temperature > 0:
         raise ValueError(f"temperature must be > 0 for sampled answers, got {temperature}")
-    settings = {"target": model.source, "fingerprint": model.fingerprint, "mix": dict(mix),
-                "num_prompts": int(num_prompts), "heldout": int(heldout), "max_new_tokens": max_new_tokens,
-                "max_prompt_tokens": max_prompt_tokens, "seed": seed, "shard_size": shard_size,
-                "batch_size": batch_size, "sampled_fraction": sampled_fraction,
-                "temperature": temperature if sampled_fraction else 0.0,
-                **({"writer": {"source": writer.source, "fingerprint": writer.fingerprint}} if writer else {})}
-    os.makedirs(out_dir, exist_ok=True)
-    manifest_path = os.path.join(out_dir, MANIFEST)
-    if os.path.isfile(manifest_path):
-        manifest = read_manifest(out_dir)
-        if manifest["fingerprint"] != model.fingerprint:
-            raise ValueError(f"{out_dir} holds data made by a target with weights {manifest['fingerprint']}, "
-                             f"not this one ({model.fingerprint})")
-        last = manifest["parts"][-1]
-        old = last["settings"]
-        same = {**old, "num_prompts": num_prompts} == settings
-        if new_part:
-            first = last["first_shard"] + _part_shards(last)
-            part = {"first_shard": first, "settings": settings}
-            manifest["parts"].append(part)
-        elif not same and {**old, "num_prompts": num_prompts, "heldout": heldout} == settings:
-            raise ValueError(f"{out_dir} keeps out other prompts ({old['heldout']} held out per pool, now "
-                             f"{heldout}); use the same --heldout or another --out")
-        elif not same:
-            raise ValueError(f"{out_dir} holds data made with other settings: {old} (now {settings}); use "
-                             f"the same settings to extend it, --new-part to add a part, or another --out")
-        elif num_prompts < old["num_prompts"]:
-            raise ValueError(f"{out_dir} holds answers for {old['num_prompts']} prompts; --num-prompts can grow "
-                             f"(the same draws continue) but not shrink")
-        else:
-            part = last
-            partial = old["num_prompts"] % shard_size
-            if partial and num_prompts > old["num_prompts"]:     # its last shard gains prompts: make it again
-                stale = _shard_path(out_dir, part["first_shard"] + old["num_prompts"] // shard_size)
-                if os.path.isfile(stale):
-                    os.remove(stale)
-            part["settings"] = settings
-    else:
-        manifest = {"version": 2, "target": model.source, "fingerprint": model.fingerprint, "parts": []}
-        part = {"first_shard": 0, "settings": settings}
-        manifest["parts"].append(part)
-    earlier = {**manifest, "parts": [p for p in manifest["parts"] if p is not part]}
-    used = _used_prompts(out_dir, earlier)
-    for name, idx in (exclude or {}).items():
-        used.setdefault(name, set()).update(idx)
-    held, order, texts = pool_orders(mix, prompts_dir, seed, heldout, used)
-    if "heldout" in part and part["heldout"] != held:
-        raise ValueError(f"{out_dir}: the prompt files changed since this part was made (its held-out prompts "
-                         f"differ); use the files it was made from or another --out")
-    part["heldout"] = held
-    items = stream(mix, order, seed, num_prompts)          # checks every pool has enough prompts first
-    manifest.pop("migrated_from", None)
-    with open(manifest_path + ".tmp", "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(manifest_path + ".tmp", manifest_path)
+    return mix, prompts_dir
 
-    pools = list(mix)
-    greedy, sampled = Sampling(), Sampling(temperature=temperature)
+
+def _open_part(out_dir: str, model, settings: dict, new_part: bool) -> tuple[dict, dict]:
+    """The manifest of out_dir (new, or read and checked against settings) and the part to fill:
+    the last one extended, or a new one after it. -> (manifest, part)."""
+    if not os.path.isfile(os.path.join(out_dir, MANIFEST)):
+        part = {"first_shard": 0, "settings": settings}
+        return {"version": 2, "target": model.source, "fingerprint": model.fingerprint, "parts": [part]}, part
+    manifest = read_manifest(out_dir)
+    if manifest["fingerprint"] != model.fingerprint:
+        raise ValueError(f"{out_dir} holds data made by a target with weights {manifest['fingerprint']}, "
+                         f"not this one ({model.fingerprint})")
+    last = manifest["parts"][-1]
+    old, num_prompts, heldout = last["settings"], settings["num_prompts"], settings["heldout"]
+    same = {**old, "num_prompts": num_prompts} == settings
+    if new_part:
+        part = {"first_shard": last["first_shard"] + _part_shards(last), "settings": settings}
+        manifest["parts"].append(part)
+        return manifest, part
+    if not same and {**old, "num_prompts": num_prompts, "heldout": heldout} == settings:
+        raise ValueError(f"{out_dir} keeps out other prompts ({old['heldout']} held out per pool, now "
+                         f"{heldout}); use the same --heldout or another --out")
+    if not same:
+        raise ValueError(f"{out_dir} holds data made with other settings: {old} (now {settings}); use "
+                         f"the same settings to extend it, --new-part to add a part, or another --out")
+    if num_prompts < old["num_prompts"]:
+        raise ValueError(f"{out_dir} holds answers for {old['num_prompts']} prompts; --num-prompts can grow "
+                         f"(the same draws continue) but not shrink")
+    partial = old["num_prompts"] % settings["shard_size"]
+    if partial and num_prompts > old["num_prompts"]:     # its last shard gains prompts: make it again
+        stale = _shard_path(out_dir, last["first_shard"] + old["num_prompts"] // settings["shard_size"])
+        if os.path.isfile(stale):
+            os.remove(stale)
+    last["settings"] = settings
+    return manifest, last
+
+
+def _make_shard(model, writer, shard: list, texts: dict, settings: dict, number: int, path: str, pools: list,
+                bar) -> None:
+    """Answer one shard's prompts [(pool, index)] and write it (with a line in making.jsonl)."""
+    from jaxspec import Sampling, generate
+
+    batch_size, temperature = settings["batch_size"], settings["temperature"]
+    start, rows, answer_tokens = time.perf_counter(), [], 0
+    n_sampled = int(round(settings["sampled_fraction"] * len(shard)))
+    encoded = [(pool, int(i), model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": texts[pool_file(pool)][i]}], add_generation_prompt=True),
+        r >= len(shard) - n_sampled) for r, (pool, i) in enumerate(shard)]
+    kept = [e for e in encoded if len(e[2]) <= settings["max_prompt_tokens"]]
+    for is_sampled in (False, True):
+        group = sorted([e for e in kept if e[3] == is_sampled], key=lambda e: len(e[2]))
+        for b in range(0, len(group), batch_size):
+            chunk = group[b:b + batch_size]
+            # every call has batch_size rows (the last prompt repeated, its copies' answers dropped): one
+            # compiled program per prompt-length bucket, not one per short batch
+            filler = [chunk[-1][2]] * (batch_size - len(chunk))
+            call_seed = int(np.random.default_rng([settings["seed"], number, b]).integers(2**31))
+            out = generate(writer or model, [ids for _, _, ids, _ in chunk] + filler,
+                           max_new_tokens=settings["max_new_tokens"], seed=call_seed,
+                           sampling=Sampling(temperature=temperature) if is_sampled else Sampling())
+            rows += [(e, ans) for e, ans in zip(chunk, out.tokens)]
+            answer_tokens += sum(len(a) for a in out.tokens[:len(chunk)])
+            bar.update(len(chunk))
+            bar.set_postfix(answer_tok_s=f"{answer_tokens / (time.perf_counter() - start):.0f}")
+    bar.update(len(shard) - len(kept))
     dtype = np.uint16 if model.config.vocab_size <= 2**16 else np.int32
-    shards = [items[i:i + shard_size] for i in range(0, len(items), shard_size)]
-    first = part["first_shard"]
-    done = sum(os.path.isfile(_shard_path(out_dir, first + i)) for i in range(len(shards)))
-    bar = tqdm(total=len(items), initial=min(done * shard_size, len(items)), unit="prompt",
-               desc="self-distilled answers", disable=not progress)
-    for s, shard in enumerate(shards):
-        path = _shard_path(out_dir, first + s)
-        if os.path.isfile(path):
-            continue
-        start, rows, answer_tokens = time.perf_counter(), [], 0
-        n_sampled = int(round(sampled_fraction * len(shard)))
-        encoded = [(pool, int(i), model.tokenizer.apply_chat_template(
-            [{"role": "user", "content": texts[pool_file(pool)][i]}], add_generation_prompt=True), r >= len(shard) - n_sampled)
-            for r, (pool, i) in enumerate(shard)]
-        kept = [e for e in encoded if len(e[2]) <= max_prompt_tokens]
-        for is_sampled in (False, True):
-            group = sorted([e for e in kept if e[3] == is_sampled], key=lambda e: len(e[2]))
-            for b in range(0, len(group), batch_size):
-                chunk = group[b:b + batch_size]
-                # every call has batch_size rows (the last prompt repeated, its copies' answers dropped): one
-                # compiled program per prompt-length bucket, not one per short batch
-                filler = [chunk[-1][2]] * (batch_size - len(chunk))
-                call_seed = int(np.random.default_rng([seed, first + s, b]).integers(2**31))
-                out = generate(writer or model, [ids for _, _, ids, _ in chunk] + filler, max_new_tokens=max_new_tokens,
-                               sampling=sampled if is_sampled else greedy, seed=call_seed)
-                rows += [(e, ans) for e, ans in zip(chunk, out.tokens)]
-                answer_tokens += sum(len(a) for a in out.tokens[:len(chunk)])
-                bar.update(len(chunk))
-                bar.set_postfix(answer_tok_s=f"{answer_tokens / (time.perf_counter() - start):.0f}")
-        bar.update(len(shard) - len(kept))
-        seqs = [np.asarray(e[2] + ans, dtype) for e, ans in rows]
-        skipped = [e for e in encoded if len(e[2]) > max_prompt_tokens]
-        _write_atomic_npz(path,
-                          tokens=np.concatenate(seqs) if seqs else np.zeros((0,), dtype),
-                          lengths=np.asarray([len(q) for q in seqs], np.int32),
-                          prompt_lengths=np.asarray([len(e[2]) for e, _ in rows], np.int32),
-                          prompt_index=np.asarray([e[1] for e, _ in rows], np.int32),
-                          pool=np.asarray([pools.index(e[0]) for e, _ in rows], np.uint8),
-                          temperature=np.asarray([temperature if e[3] else 0.0 for e, _ in rows], np.float32),
-                          skipped=np.asarray([e[1] for e in skipped], np.int32),
-                          skipped_pool=np.asarray([pools.index(e[0]) for e in skipped], np.uint8))
-        with open(os.path.join(out_dir, MAKING_LOG), "a") as f:
-            f.write(json.dumps({"shard": first + s, "prompts": len(rows), "answer_tokens": answer_tokens,
-                                "seconds": round(time.perf_counter() - start, 1), "batch_size": batch_size}) + "\n")
-    bar.close()
-    return manifest
+    seqs = [np.asarray(e[2] + ans, dtype) for e, ans in rows]
+    skipped = [e for e in encoded if len(e[2]) > settings["max_prompt_tokens"]]
+    _write_atomic_npz(path,
+                      tokens=np.concatenate(seqs) if seqs else np.zeros((0,), dtype),
+                      lengths=np.asarray([len(q) for q in seqs], np.int32),
+                      prompt_lengths=np.asarray([len(e[2]) for e, _ in rows], np.int32),
+                      prompt_index=np.asarray([e[1] for e, _ in rows], np.int32),
+                      pool=np.asarray([pools.index(e[0]) for e, _ in rows], np.uint8),
+                      temperature=np.asarray([temperature if e[3] else 0.0 for e, _ in rows], np.float32),
+                      skipped=np.asarray([e[1] for e in skipped], np.int32),
+                      skipped_pool=np.asarray([pools.index(e[0]) for e in skipped], np.uint8))
+    with open(os.path.join(os.path.dirname(path), MAKING_LOG), "a") as f:
+        f.write(json.dumps({"shard": number, "prompts": len(rows), "answer_tokens": answer_tokens,
+                            "seconds": round(time.perf_counter() - start, 1), "batch_size": batch_size}) + "\n")
 
 
 def shard_names(data_dir: str) -> list[str]:

@@ -9,13 +9,32 @@ from .loop import read_metrics
 PLOT = "training.png"
 
 
-def plot_run(out_dir: str) -> str | None:
-    """Write out_dir/training.png; -> its path (None when matplotlib is not installed)."""
+def pyplot():
+    """matplotlib.pyplot drawing to files (the Agg backend), or None when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def save(fig, path: str) -> str:
+    """Lay out, write and close a figure; -> path."""
+    import matplotlib.pyplot as plt
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_run(out_dir: str) -> str | None:
+    """Write out_dir/training.png; -> its path (None when matplotlib is not installed)."""
+    plt = pyplot()
+    if plt is None:
         return None
     records = read_metrics(out_dir)
     train = [r for r in records if "loss" in r]
@@ -32,10 +51,4 @@ def plot_run(out_dir: str) -> str | None:
     if evals:
         axes[2].plot([r["step"] for r in evals], [r["eval"]["mean_accepted_length"] for r in evals], "o-")
     axes[2].set(title="held-out mean accepted length (K=5, greedy)", xlabel="step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(out_dir, PLOT)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out_dir, PLOT))

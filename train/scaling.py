@@ -65,11 +65,12 @@ def scaling_curve(model, data_dir: str, out_dir: str, train_cfg, fractions=(0.12
     return result
 
 
-def plot_scaling(result: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_scaling(result: dict, path: str) -> str | None:
+    """Held-out acceptance against answer tokens trained on -> path (None without matplotlib)."""
+    from .plots import pyplot, save
+    plt = pyplot()
+    if plt is None:
+        return None
     runs = [r for r in result["runs"] if r["mean_accepted_length"] is not None]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     x = [r["answer_tokens"] for r in runs]
@@ -81,8 +82,4 @@ def plot_scaling(result: dict, path: str) -> None:
     axes[1].set(xscale="log", xlabel="answer tokens trained on", ylabel="acceptance", title="per draft position")
     if runs:
         axes[1].legend(fontsize=8)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return save(fig, path)
