@@ -3,6 +3,7 @@ losslessness for K below, at and above the number of modules, save/load and the 
 (tiny random models)."""
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -143,10 +144,8 @@ def test_save_load_round_trip_and_target_guard(tmp_path):
     d.save(str(tmp_path / "mtp"))
     back = MTP.load(str(tmp_path / "mtp"))
     assert back.cfg == d.cfg and back.metadata == d.metadata
-    flat = lambda p: {**{k: v for k, v in p.items() if k != "block"}, **p["block"]}
-    for k, v in flat(d.head_params).items():   # stored as bfloat16
-        np.testing.assert_allclose(np.asarray(flat(back.head_params)[k], np.float32),
-                                   np.asarray(v.astype(jnp.bfloat16) if v.dtype != jnp.int32 else v, np.float32))
+    as_stored = lambda v: v.astype(jnp.bfloat16).astype(jnp.float32) if v.dtype != jnp.int32 else v   # bfloat16
+    chex.assert_trees_all_close(back.head_params, jax.tree_util.tree_map(as_stored, d.head_params))
     back.check_target(m)
     with pytest.raises(ValueError, match="trained for target 'tiny'"):
         jaxspec.generate(tiny_model(seed=5), [[1, 2]], max_new_tokens=4, drafter=back)

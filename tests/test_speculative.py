@@ -185,3 +185,24 @@ def test_draft_model_for_another_tokenizer(smollm, tmp_path):
     assert other.config.vocab_size == smollm.config.vocab_size
     with pytest.raises(ValueError, match="another tokenizer"):
         jaxspec.generate(smollm, [[1, 2]], max_new_tokens=4, drafter=DraftModel(truncated(other, 2)))
+
+
+def test_a_drafter_that_breaks_the_protocol_gets_a_clear_error():
+    class WideDraft(NGram):                       # proposes one token too many
+        def propose(self, params, state, ctx, key, num_draft):
+            tokens, probs, state = super().propose(params, state, ctx, key, num_draft + 1)
+            return tokens, probs, state
+
+    class GrowingState(NGram):                    # its state changes shape from step to step
+        def init(self, params, prompts, lengths, capacity, features):
+            return jax.numpy.zeros((1,))
+
+        def commit(self, params, state, ctx, num_accepted):
+            return jax.numpy.concatenate([state, state])
+
+    m = tiny_model()
+    with pytest.raises(ValueError, match="WideDraft.propose must return tokens int32\\[1, 3\\]"):
+        jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=4, drafter=WideDraft(), num_draft_tokens=3, adaptive=False)
+    with pytest.raises(ValueError, match="GrowingState.commit changed its state"):
+        jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=4, drafter=GrowingState(), num_draft_tokens=3,
+                         adaptive=False)

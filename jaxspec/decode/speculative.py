@@ -7,6 +7,7 @@ import dataclasses
 import functools
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -84,19 +85,45 @@ def spec_step(params, dparams, cache, dstate, ctx: Context, key, live=None, *, c
     length += K+1, drafter state, hidden [N, B, width, E] of the pass, zero-padded)."""
     K = num_draft
     k_draft, k_accept = jax.random.split(key)
+    before = dstate
     if K == 0:
         dstate = drafter.sync(dparams, dstate, ctx)
         logits, hidden, cache = forward(params, ctx.last[:, None], cache, cfg, drafter.hidden_layers, live)
         n, emitted = jnp.zeros_like(ctx.last), sample_tokens(k_accept, logits, ctx.sampling)
     else:
         draft, draft_probs, dstate = drafter.propose(dparams, dstate, ctx, k_draft, K)
+        check_proposal(drafter, draft, draft_probs, ctx.last.shape[0], K, cfg.vocab_size)
         inputs = jnp.concatenate([ctx.last[:, None], draft], axis=1)              # [B, K+1]
         logits, hidden, cache = forward(params, inputs, cache, cfg, drafter.hidden_layers, live)
         n, emitted = verify(draft, draft_probs, logits, ctx.sampling, k_accept)
+    check_state(drafter, before, dstate, "sync" if K == 0 else "propose")
     pad = width - (K + 1)
     emitted = jnp.pad(emitted, ((0, 0), (0, pad)), constant_values=-1)
     hidden = jnp.pad(hidden, ((0, 0), (0, 0), (0, pad), (0, 0)))
     return n, emitted, cache, dstate, hidden
+
+
+def check_proposal(drafter: Drafter, draft, draft_probs, B: int, K: int, V: int) -> None:
+    """Trace-time checks of what a drafter proposes: tokens int32[B, K], probs [B, K, V] or None."""
+    who = type(drafter).__name__
+    try:
+        chex.assert_shape(draft, (B, K))
+        chex.assert_type(draft, jnp.int32)
+        if draft_probs is not None:
+            chex.assert_shape(draft_probs, (B, K, V))
+    except AssertionError as e:
+        raise ValueError(f"{who}.propose must return tokens int32[{B}, {K}] and probs [{B}, {K}, {V}] "
+                         f"or None: {e}") from None
+
+
+def check_state(drafter: Drafter, before, after, method: str) -> None:
+    """Trace-time check that a drafter's method keeps its state's structure, shapes and dtypes (the
+    compiled loop carries it from step to step)."""
+    try:
+        chex.assert_trees_all_equal_shapes_and_dtypes(before, after)
+    except (AssertionError, ValueError) as e:
+        raise ValueError(f"{type(drafter).__name__}.{method} changed its state's structure, shapes or "
+                         f"dtypes: {e}") from None
 
 
 def emit(buf, start, tokens, count):
@@ -144,9 +171,11 @@ def _step(choice: int, s: SpecState, fixed: Fixed, st: Static) -> SpecState:
     upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, P)
     count = jnp.where(s.done, 0, jnp.minimum(jnp.minimum(n + 1, upto_eos), fixed.limits - s.count))
     active = ~s.done
+    committed = st.drafter.commit(fixed.dparams, dstate, ctx, jnp.where(s.done, 0, n))
+    check_state(st.drafter, dstate, committed, "commit")
     new = s._replace(
         cache=rollback(new_cache, jnp.where(s.done, s.cache.length, s.cache.length + n + 1)),
-        dstate=st.drafter.commit(fixed.dparams, dstate, ctx, jnp.where(s.done, 0, n)),
+        dstate=committed,
         last=jnp.where(s.done, s.last, emitted[jnp.arange(n.shape[0]), n]),
         history=emit(s.history, ctx.history_len, emitted, count), count=s.count + count,
         done=s.done | (eos_at.any(1) & (upto_eos <= count)) | (s.count + count >= fixed.limits),
