@@ -4,9 +4,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxspec.cache import init_cache
-from jaxspec.heads import EagleConfig, eagle_step, fuse_features, init_eagle_params
+from jaxspec.heads import DraftVocab, EagleConfig, EagleHead, eagle_step, fuse_features, init_eagle_params
 from jaxspec.models import forward
 from jaxspec.train.eagle import ttt_logits, ttt_loss
 
@@ -27,7 +28,7 @@ def _setup(T=12):
 def test_unrolled_steps_equal_incremental_drafting():
     m, cfg, head, tokens, feats = _setup()
     embed = m.params["embed"]
-    ttt = ttt_logits(head, embed, feats, tokens, cfg, steps=3)            # [3, 1, T, Vd]
+    ttt = ttt_logits(EagleHead(cfg, head), embed, feats, tokens, steps=3)     # [3, 1, T, Vd]
     for p in (0, 4, 8):
         # the cache holds the real pairs (feature_t, token_{t+1}) for t <= p
         cache = init_cache(cfg.cache_config(), 1, 32)
@@ -44,11 +45,13 @@ def test_loss_and_gradients():
     m, cfg, head, tokens, feats = _setup()
     target_logits = jax.random.normal(jax.random.PRNGKey(6), tokens.shape + (40,))
     mask = jnp.arange(12)[None] < 10
-    loss, metrics = ttt_loss(head, m.params["embed"], feats, tokens, target_logits, mask, cfg, steps=3)
+    module = EagleHead(cfg, head)
+    loss, metrics = ttt_loss(module, m.params["embed"], feats, tokens, target_logits, mask, steps=3)
     assert np.isfinite(float(loss)) and metrics["loss_j"].shape == (3,)
-    trainable = {k: v for k, v in head.items() if k != "d2t"}        # d2t is a fixed id map
-    loss_of = lambda p: ttt_loss({**p, "d2t": head["d2t"]}, m.params["embed"], feats, tokens,
-                                 target_logits, mask, cfg, 3)[0]
-    grads = jax.grad(loss_of)(trainable)
+    graph, trainable, vocab = nnx.split(module, nnx.Param, DraftVocab)     # d2t is a fixed id map, not trained
+    loss_of = lambda p: ttt_loss(nnx.merge(graph, p, vocab), m.params["embed"], feats, tokens,
+                                 target_logits, mask, 3)[0]
+    grads = nnx.to_pure_dict(jax.grad(loss_of)(trainable))
+    assert set(grads) == set(head) - {"d2t"}
     assert all(np.isfinite(np.asarray(g)).all() for g in grads.values())
     assert float(jnp.abs(grads["wq"]).sum()) > 0 and float(jnp.abs(grads["fc"]).sum()) > 0

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxspec.drafters import Eagle
-from jaxspec.heads.eagle import EagleConfig, eagle_out, eagle_qkv, fuse_features, init_eagle_params
+from jaxspec.heads.eagle import DraftVocab, EagleConfig, EagleHead
 from jaxspec.models import lm_head_rows
 
 from .batches import FeatureBatches
@@ -29,17 +30,16 @@ def _shift(x: jax.Array, by: int) -> jax.Array:
     return jnp.concatenate([jnp.zeros_like(x[:, :by]), x[:, :-by]], axis=1)
 
 
-def ttt_logits(params, embed: jax.Array, feats: jax.Array, tokens: jax.Array, cfg: EagleConfig,
-               steps: int) -> jax.Array:
+def ttt_logits(head: EagleHead, embed: jax.Array, feats: jax.Array, tokens: jax.Array, steps: int) -> jax.Array:
     """feats [N, B, T, E] target features, tokens int32[B, T] -> draft logits [J, B, T, Vd]."""
     B, T = tokens.shape
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)   # token_{t+1}
-    feature = fuse_features(params, feats)
+    feature = head.fuse(feats)
     t_idx = jnp.arange(T)
     keys, values, all_logits = [], [], []
     for j in range(1, steps + 1):
-        q, k, v = eagle_qkv(params, embed, feature, nxt, pos, cfg)
+        q, k, v = head.qkv(embed, feature, nxt, pos)
         keys.append(k), values.append(v)
         H, G, D = q.shape[2], k.shape[2], q.shape[3]
         qg = q.reshape(B, T, G, H // G, D)
@@ -51,37 +51,37 @@ def ttt_logits(params, embed: jax.Array, feats: jax.Array, tokens: jax.Array, cf
         out = jnp.einsum("bgrts,bsgd->btgrd", w[..., :T], values[0])
         for n, i in enumerate(range(2, j + 1)):
             out = out + w[..., T + n].transpose(0, 3, 1, 2)[..., None] * _shift(values[i - 1], j - i)[:, :, :, None]
-        h, logits = eagle_out(params, feature, out.reshape(B, T, H, D).astype(feature.dtype), cfg)
+        h, logits = head.out(feature, out.reshape(B, T, H, D).astype(feature.dtype))
         all_logits.append(logits)
         feature = _shift(h, 1)                                  # step j+1 at t reads h^j_{t-1}
     return jnp.stack(all_logits)
 
 
-def ttt_loss(params, embed, feats, tokens, target_logits, loss_mask, cfg: EagleConfig, steps: int,
-             decay: float = 0.8):
+def ttt_loss(head: EagleHead, embed, feats, tokens, target_logits, loss_mask, steps: int, decay: float = 0.8):
     """Soft cross-entropy summed over steps with weights decay^(j-1).
 
     target_logits [B, T, Vd]: the target's logits at each position restricted to the draft vocabulary
     (softmax over them = its distribution conditioned on the draft vocabulary); loss_mask bool[B, T]
     marks positions t whose target t+1 counts. -> (loss, {"loss_j": [J], "top1_j": [J]})."""
-    logits = ttt_logits(params, embed, feats, tokens, cfg, steps)          # [J, B, T, Vd]
+    logits = ttt_logits(head, embed, feats, tokens, steps)                 # [J, B, T, Vd]
     t = jnp.arange(tokens.shape[1])[None, :]
     valid = [loss_mask & (t >= j) for j in range(steps)]                  # step j+1 needs j earlier outputs
     return stepwise_soft_ce(logits, target_logits, [1] * steps, valid, decay)   # position t: target at t+1
 
 
-def eagle_loss(params, frozen, batch, cfg: EagleConfig, steps: int):
-    """The training loss on one batch of cached features (train/batches.py).
+def eagle_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, steps: int):
+    """The training loss on one batch of cached features (train/batches.py); the head is
+    nnx.merge(graph, params: its nnx.Param state, frozen["vocab"]: its DraftVocab state).
 
     frozen: {"embed": [V, E] target embeddings, "target_head": [E, Vd] the target's output rows of the
-    draft vocabulary, "d2t": int32[Vd]}. feats hold the N feature layers then the target's final
-    normed hidden state, whose product with target_head gives the target's draft-vocabulary logits."""
+    draft vocabulary, "vocab"}. feats hold the N feature layers then the target's final normed hidden
+    state, whose product with target_head gives the target's draft-vocabulary logits."""
     feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
     target_logits = jnp.einsum("bte,ev->btv", feats[:, :, -1], frozen["target_head"],
                                preferred_element_type=jnp.float32)
-    head = {**params, "d2t": frozen["d2t"]}
+    head = nnx.merge(graph, params, frozen["vocab"])
     return ttt_loss(head, frozen["embed"], feats[:, :, :-1].transpose(2, 0, 1, 3), batch["tokens"],
-                    target_logits, batch["mask"], cfg, steps)
+                    target_logits, batch["mask"], steps)
 
 
 def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,
@@ -100,18 +100,18 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
                              answer_only=answer_only, names=shards)
     target_head = lm_head_rows(model.params, d2t)
-    params = init_eagle_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, lm_head=target_head)
-    params["norm"] = jnp.array(model.params["norm"], params["norm"].dtype)   # the target's output norm
-    d2t = params.pop("d2t")
-    frozen = {"embed": model.params["embed"], "target_head": target_head, "d2t": d2t}
+    head = EagleHead.init(cfg, rngs=nnx.Rngs(seed), d2t=d2t, lm_head=target_head)
+    head.norm[...] = jnp.array(model.params["norm"], head.norm.dtype)           # the target's output norm
+    graph, params, vocab = nnx.split(head, nnx.Param, DraftVocab)
+    frozen = {"embed": model.params["embed"], "target_head": target_head, "vocab": vocab}
     settings = {"kind": "eagle", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "ttt_steps": ttt_steps,
                 "feature_layers": list(cfg.feature_layers), "tokens_per_batch": tokens_per_batch, "seed": seed,
                 "examples": len(batches.seqs), **({"answer_only": True} if answer_only else {}),
                 **({"shards": list(shards)} if shards is not None else {})}
-    loss_fn = lambda p, fz, b: eagle_loss(p, fz, b, cfg, ttt_steps)
+    loss_fn = lambda p, fz, b: eagle_loss(graph, p, fz, b, ttt_steps)
     train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, frozen, batches, settings,
-               lambda p: Eagle({**p, "d2t": d2t}, cfg), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+               lambda p: Eagle(nnx.merge(graph, p, vocab)), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
                training_meta={"answer_only": answer_only, "ttt_steps": ttt_steps,
                               "tokens_per_batch": tokens_per_batch},
                data_meta={"draft_vocab_coverage": round(coverage, 4)},

@@ -15,9 +15,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from ..cache import init_cache, rollback
-from ..heads.eagle import EagleConfig, eagle_step, fuse_features, to_target_logits
+from ..heads.eagle import EagleConfig, EagleHead
 from ..heads.io import load_head, save_head
 from ..heads.metadata import HeadMetadata, head_metadata
 from .base import Context, Drafter, catch_up, check_head_target, sample_chain
@@ -35,12 +36,28 @@ class EagleState(NamedTuple):
 
 
 class Eagle(Drafter):
-    """Eagle(head_params, cfg, metadata) or Eagle.load(path); serves the target it was trained on."""
+    """Eagle(EagleHead) or Eagle(head arrays, cfg), with optional metadata, or Eagle.load(path); serves
+    the target it was trained on. The compiled loop gets the head's nnx state (params_for) and merges
+    it with the graph kept here."""
 
-    def __init__(self, head_params: dict, cfg: EagleConfig, metadata: HeadMetadata | dict | None = None):
-        self.head_params, self.cfg = head_params, cfg
-        self.hidden_layers = tuple(cfg.feature_layers)
-        self.metadata = head_metadata(metadata, self.hidden_layers, cfg.draft_vocab_size)
+    def __init__(self, head: EagleHead | dict, cfg: EagleConfig | None = None,
+                 metadata: HeadMetadata | dict | None = None):
+        if not isinstance(head, EagleHead):
+            if cfg is None:
+                raise ValueError("Eagle(arrays, cfg): the config is needed with a mapping of arrays")
+            head = EagleHead(cfg, head)
+        self.cfg = head.cfg
+        self.graph, self.state = nnx.split(head)
+        self.hidden_layers = tuple(self.cfg.feature_layers)
+        self.metadata = head_metadata(metadata, self.hidden_layers, self.cfg.draft_vocab_size)
+
+    @property
+    def head_params(self) -> dict:
+        """{name: array} of the head (heads/eagle.py)."""
+        return nnx.merge(self.graph, self.state).arrays()
+
+    def _head(self, params) -> EagleHead:
+        return nnx.merge(self.graph, params["head"])
 
     @classmethod
     def load(cls, path: str) -> "Eagle":
@@ -61,28 +78,27 @@ class Eagle(Drafter):
         check_head_target("EAGLE", self.cfg.target_vocab_size, self.cfg.hidden_size, self.metadata, model)
 
     def params_for(self, model):
-        return {"head": self.head_params, "embed": model.params["embed"]}
+        return {"head": self.state, "embed": model.params["embed"]}
 
     def init(self, params, prompts, lengths, capacity, features):
         """Write the prompt's pairs (feature_t, prompt_{t+1}) for t < length - 1.
         -> EagleState."""
         B = prompts.shape[0]
-        cache = init_cache(self.cfg.cache_config(), B, capacity, params["head"]["fc"].dtype)
+        head = self._head(params)
+        cache = init_cache(self.cfg.cache_config(), B, capacity, head.fc.dtype)
         nxt = jnp.concatenate([prompts[:, 1:], jnp.zeros((B, 1), prompts.dtype)], axis=1)
-        g = fuse_features(params["head"], features)
-        _, _, cache = eagle_step(params["head"], params["embed"], g, nxt, cache, self.cfg)
+        _, _, cache = head.step(params["embed"], head.fuse(features), nxt, cache)
         stored = jnp.zeros(features.shape[:2] + (capacity,) + features.shape[3:], features.dtype)
         return EagleState(rollback(cache, lengths - 1), jnp.zeros((B,), jnp.int32), lengths - 1, stored)
 
     def _catch_up(self, params, state: EagleState, ctx: Context):
         """The head cache with the pairs of positions [written, the last pass's first) from the stored features."""
         stored = state.stored
-        rows, head = jnp.arange(ctx.last.shape[0])[:, None], params["head"]
+        rows, head = jnp.arange(ctx.last.shape[0])[:, None], self._head(params)
 
         def feed(cache, pos):                                          # pos [B, C]
             tokens = jnp.take_along_axis(ctx.history, pos + 1, axis=1)
-            return eagle_step(head, params["embed"], fuse_features(head, stored[:, rows, pos]), tokens, cache,
-                              self.cfg)[2]
+            return head.step(params["embed"], head.fuse(stored[:, rows, pos]), tokens, cache)[2]
 
         return catch_up(feed, state.cache, state.written, ctx.feature_positions(state.n_prev)[:, 0],
                         stored.shape[2])
@@ -95,9 +111,8 @@ class Eagle(Drafter):
         P = ctx.features.shape[2]
         tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(P), ctx.history.shape[1] - 1)
         tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
-        head = params["head"]
-        h, logits, cache = eagle_step(head, params["embed"], fuse_features(head, ctx.features), tokens,
-                                      rollback(cache, first_pos), self.cfg)
+        head = self._head(params)
+        h, logits, cache = head.step(params["embed"], head.fuse(ctx.features), tokens, rollback(cache, first_pos))
         return h, logits, rollback(cache, target_len)
 
     def sync(self, params, state: EagleState, ctx: Context):
@@ -107,20 +122,19 @@ class Eagle(Drafter):
         return state._replace(stored=stored)
 
     def propose(self, params, state: EagleState, ctx: Context, key, num_draft: int):
-        head, embed, cfg = params["head"], params["embed"], self.cfg
+        head, embed = self._head(params), params["embed"]
         state = state._replace(cache=self._catch_up(params, state, ctx))
         n_prev = state.n_prev
         B, K = ctx.last.shape[0], num_draft
         rows = jnp.arange(B)
         h, logits, cache = self._write_pairs(params, state, ctx)
-        to_vocab = lambda draft_logits: to_target_logits(head, draft_logits, cfg.target_vocab_size)
 
         def step(carry, tok):
             cache, h = carry
-            h, logits, cache = eagle_step(head, embed, h, tok[:, None], cache, cfg)
-            return (cache, h), to_vocab(logits[:, 0])
+            h, logits, cache = head.step(embed, h, tok[:, None], cache)
+            return (cache, h), head.target_logits(logits[:, 0])
 
-        tokens, probs, (cache, _) = sample_chain(to_vocab(logits[rows, n_prev]), step,
+        tokens, probs, (cache, _) = sample_chain(head.target_logits(logits[rows, n_prev]), step,
                                                  (cache, h[rows, n_prev][:, None]), key, K, ctx.sampling)
         return tokens, probs, state._replace(cache=cache, written=ctx.history_len - 1)
 

@@ -10,13 +10,19 @@ shared, never copied into the head.
 
 Params: fc [N, E, E]; embed_norm, feature_norm [E]; wq [2E, H, D], wk/wv [2E, G, D], wo [H, D, E];
 mlp_norm [E]; w_gate/w_up [E, F], w_down [F, E]; norm [E]; lm_head [E, Vd]; d2t int32[Vd].
+
+EagleHead (Flax NNX) owns them: nnx.Param for the trained arrays, DraftVocab for d2t. The drafter and
+the training step carry its state through nnx.split / nnx.merge; the math is the pure functions
+below, over the mapping EagleHead.arrays() gives.
 """
 from __future__ import annotations
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from ..cache import KVCache, advance, attention_mask, positions, write_layer
 from ..config import ModelConfig
@@ -76,6 +82,64 @@ def init_eagle_params(cfg: EagleConfig, key: jax.Array, d2t=None, lm_head=None, 
         "d2t": jnp.arange(Vd, dtype=jnp.int32) if d2t is None else jnp.asarray(d2t, jnp.int32),
     }
     return params
+
+
+class DraftVocab(nnx.Variable):
+    """d2t int32[Vd]: the target id of each draft-vocabulary row (chosen from data, not trained)."""
+
+
+def param_shapes(cfg: EagleConfig) -> dict:
+    """The shape of each trained array."""
+    E, F, H, G, D, Vd = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                         cfg.head_dim, cfg.draft_vocab_size)
+    return {"fc": (len(cfg.feature_layers), E, E), "embed_norm": (E,), "feature_norm": (E,), "wq": (2 * E, H, D),
+            "wk": (2 * E, G, D), "wv": (2 * E, G, D), "wo": (H, D, E), "mlp_norm": (E,), "w_gate": (E, F),
+            "w_up": (E, F), "w_down": (F, E), "norm": (E,), "lm_head": (E, Vd)}
+
+
+class EagleHead(nnx.Module):
+    """The EAGLE head's state: EagleHead(cfg, arrays) from a mapping of the arrays in the module
+    docstring (init_eagle_params, or a saved head); EagleHead.init(cfg, rngs=...) at random."""
+
+    def __init__(self, cfg: EagleConfig, arrays: dict):
+        self.cfg = cfg
+        shapes = param_shapes(cfg)
+        missing = sorted((set(shapes) | {"d2t"}) - set(arrays))
+        if missing:
+            raise ValueError(f"EAGLE head arrays lack {missing}")
+        try:
+            chex.assert_trees_all_equal_shapes(
+                {k: jnp.asarray(arrays[k]) for k in shapes}, {k: jnp.zeros(v, jnp.int8) for k, v in shapes.items()})
+            chex.assert_shape(arrays["d2t"], (cfg.draft_vocab_size,))
+        except AssertionError as e:
+            raise ValueError(f"EAGLE head arrays do not fit {cfg}: {e}") from None
+        for name in shapes:
+            setattr(self, name, nnx.Param(jnp.asarray(arrays[name])))
+        self.d2t = DraftVocab(jnp.asarray(arrays["d2t"], jnp.int32))
+
+    @classmethod
+    def init(cls, cfg: EagleConfig, *, rngs: nnx.Rngs, d2t=None, lm_head=None, dtype=jnp.float32,
+             scale: float = 0.02) -> "EagleHead":
+        return cls(cfg, init_eagle_params(cfg, rngs.params(), d2t, lm_head, dtype, scale))
+
+    def arrays(self) -> dict:
+        """{name: array} of every parameter and d2t (what the functions below and the files take)."""
+        return {**{name: getattr(self, name)[...] for name in param_shapes(self.cfg)}, "d2t": self.d2t[...]}
+
+    def fuse(self, feats: jax.Array) -> jax.Array:
+        return fuse_features(self.arrays(), feats)
+
+    def qkv(self, embed, feature, tokens, pos):
+        return eagle_qkv(self.arrays(), embed, feature, tokens, pos, self.cfg)
+
+    def out(self, feature, attn):
+        return eagle_out(self.arrays(), feature, attn, self.cfg)
+
+    def step(self, embed, feature, tokens, cache: KVCache):
+        return eagle_step(self.arrays(), embed, feature, tokens, cache, self.cfg)
+
+    def target_logits(self, draft_logits: jax.Array) -> jax.Array:
+        return to_target_logits(self.arrays(), draft_logits, self.cfg.target_vocab_size)
 
 
 def fuse_features(params, feats: jax.Array) -> jax.Array:
