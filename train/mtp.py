@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxspec.cache import init_cache
 from jaxspec.drafters import MTP
-from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, init_mtp_params, mtp_logits, mtp_window
+from jaxspec.heads.eagle import DraftVocab
+from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, MTPHead, mtp_logits, mtp_window
 from jaxspec.models import layer_params, lm_head_rows
 
 from .batches import FeatureBatches
@@ -22,22 +24,25 @@ from .losses import shift_left, stepwise_soft_ce
 from .vocab import draft_vocabulary
 
 
-def mtp_loss(params, frozen, batch, cfg: MTPConfig, decay: float = 0.8):
-    """The training loss on one batch of cached features (train/batches.py).
+def mtp_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, decay: float = 0.8):
+    """The training loss on one batch of cached features (train/batches.py); the head is
+    nnx.merge(graph, params: its nnx.Param state, frozen["vocab"]: its DraftVocab state).
 
     frozen: {"embed": [V, E], "norm": [E] the target's final norm, "rows": [E, Vd] its output rows of
-    the draft vocabulary}. Loss: sum_j decay^(j-1) * soft CE of module j. -> (loss, {"loss_j", "top1_j"})."""
+    the draft vocabulary, "vocab"}. Loss: sum_j decay^(j-1) * soft CE of module j. -> (loss, {"loss_j", "top1_j"})."""
     feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
     normed = feats[:, :, -1]
     target_logits = jnp.einsum("bte,ev->btv", normed, frozen["rows"], preferred_element_type=jnp.float32)
     g = frozen["norm"]
     h0 = jnp.where(g != 0, normed / jnp.where(g != 0, g, 1.0), 0.0)          # direction of the last hidden state
+    head = nnx.merge(graph, params, frozen["vocab"])
+    cfg = head.cfg
     tokens, mask = batch["tokens"], batch["mask"]
     B, T = tokens.shape
     D = cfg.num_modules
     nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, D), tokens.dtype)], axis=1)   # token_{p+1}, [B, T+D-1]
     cache = init_cache(cfg.cache_config(), B, T, h0.dtype)
-    hs, _ = mtp_window(params, frozen["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
+    hs, _ = mtp_window(head.arrays(), frozen["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
     logits = mtp_logits(frozen["norm"], frozen["rows"], hs, cfg.rms_norm_eps)        # [D, B, T, Vd]
     t = jnp.arange(T)[None, :]
     valid = [shift_left(mask, j) & (t + j < T) for j in range(1, D + 1)]   # the target at p + j predicts a kept token
@@ -59,16 +64,17 @@ def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
                              answer_only=answer_only)
     block = ({k: layer_params(model.params, -1)[k] for k in BLOCK_KEYS} if init_from_target else None)
-    params = init_mtp_params(cfg, jax.random.PRNGKey(seed), d2t=d2t, block=block)
-    d2t = params.pop("d2t")
-    frozen = {"embed": model.params["embed"], "norm": model.params["norm"], "rows": lm_head_rows(model.params, d2t)}
+    head = MTPHead.init(cfg, rngs=nnx.Rngs(seed), d2t=d2t, block=block)
+    graph, params, vocab = nnx.split(head, nnx.Param, DraftVocab)
+    frozen = {"embed": model.params["embed"], "norm": model.params["norm"], "rows": lm_head_rows(model.params, d2t),
+              "vocab": vocab}
     settings = {"kind": "mtp", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "num_modules": num_modules,
                 "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
                 "answer_only": answer_only, "init_from_target": init_from_target}
-    loss_fn = lambda p, fz, b: mtp_loss(p, fz, b, cfg)
+    loss_fn = lambda p, fz, b: mtp_loss(graph, p, fz, b)
     train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, frozen, batches, settings,
-               lambda p: MTP({**p, "d2t": d2t}, cfg), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+               lambda p: MTP(nnx.merge(graph, p, vocab)), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
                training_meta={"answer_only": answer_only, "num_modules": num_modules,
                               "tokens_per_batch": tokens_per_batch, "init_from_target": init_from_target},
                data_meta={"draft_vocab_coverage": round(coverage, 4)},

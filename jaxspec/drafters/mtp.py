@@ -17,12 +17,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from ..cache import init_cache, rollback
 from ..heads.eagle import to_target_logits
 from ..heads.io import load_head, save_head
 from ..heads.metadata import HeadMetadata, head_metadata
-from ..heads.mtp import MTPConfig, mtp_logits, mtp_module, mtp_window, unstack_modules
+from ..heads.mtp import MTPConfig, MTPHead, mtp_logits, mtp_module, mtp_window
 from ..models import lm_head_rows
 from .base import Context, Drafter, catch_up, check_head_target, draw_token
 
@@ -40,12 +41,25 @@ class MTPState(NamedTuple):
 
 
 class MTP(Drafter):
-    """MTP(head_params, cfg, metadata) or MTP.load(path); serves the target it was trained on."""
+    """MTP(MTPHead) or MTP(stacked head arrays, cfg), with optional metadata, or MTP.load(path); serves
+    the target it was trained on. The compiled loop gets the head's nnx state (params_for) and merges
+    it with the graph kept here."""
 
-    def __init__(self, head_params: dict, cfg: MTPConfig, metadata: HeadMetadata | dict | None = None):
-        self.head_params, self.cfg = head_params, cfg
-        self.hidden_layers = (cfg.target_layers,)
-        self.metadata = head_metadata(metadata, self.hidden_layers, cfg.draft_vocab_size)
+    def __init__(self, head: MTPHead | dict, cfg: MTPConfig | None = None,
+                 metadata: HeadMetadata | dict | None = None):
+        if not isinstance(head, MTPHead):
+            if cfg is None:
+                raise ValueError("MTP(arrays, cfg): the config is needed with a mapping of arrays")
+            head = MTPHead(cfg, head)
+        self.cfg = head.cfg
+        self.graph, self.state = nnx.split(head)
+        self.hidden_layers = (self.cfg.target_layers,)
+        self.metadata = head_metadata(metadata, self.hidden_layers, self.cfg.draft_vocab_size)
+
+    @property
+    def head_params(self) -> dict:
+        """The head's arrays stacked over modules (heads/mtp.py)."""
+        return nnx.merge(self.graph, self.state).stacked()
 
     @classmethod
     def load(cls, path: str) -> "MTP":
@@ -72,12 +86,15 @@ class MTP(Drafter):
                              f"{model.config.num_layers} layers")
 
     def params_for(self, model):
-        rows = lm_head_rows(model.params, self.head_params["d2t"])
-        return {"head": unstack_modules(self.head_params, self.cfg.num_modules), "embed": model.params["embed"],
-                "norm": model.params["norm"], "rows": rows}
+        rows = lm_head_rows(model.params, nnx.merge(self.graph, self.state).d2t[...])
+        return {"head": self.state, "embed": model.params["embed"], "norm": model.params["norm"], "rows": rows}
+
+    def _head(self, params) -> dict:
+        """The head's arrays, its modules kept apart (MTPHead.arrays)."""
+        return nnx.merge(self.graph, params["head"]).arrays()
 
     def _logits(self, params, h):
-        return to_target_logits(params["head"], mtp_logits(params["norm"], params["rows"], h,
+        return to_target_logits(self._head(params), mtp_logits(params["norm"], params["rows"], h,
                                                             self.cfg.rms_norm_eps), self.cfg.target_vocab_size)
 
     def init(self, params, prompts, lengths, capacity, features):
@@ -88,7 +105,7 @@ class MTP(Drafter):
         buf = jnp.zeros((B, capacity, cfg.hidden_size), h0.dtype).at[:, :T].set(h0)
         cache = init_cache(cfg.cache_config(), B, capacity, h0.dtype)
         nxt = jnp.concatenate([prompts[:, 1:], jnp.zeros((B, cfg.num_modules), prompts.dtype)], axis=1)
-        _, cache = mtp_window(params["head"], params["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
+        _, cache = mtp_window(self._head(params), params["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
         zeros = jnp.zeros((B,), jnp.int32)       # position p is final once token p + D is known
         return MTPState(rollback(cache, lengths - 1), buf, zeros, jnp.maximum(lengths - cfg.num_modules, 0),
                         jnp.int32(0))
@@ -107,7 +124,7 @@ class MTP(Drafter):
         def feed(cache, pos):                                                 # pos [B, C] from cache.length
             nxt = pos[:, :1] + 1 + jnp.arange(pos.shape[1] + D - 1)           # token_{p+1}, D - 1 further
             nxt = ctx.history[rows, jnp.minimum(nxt, ctx.history.shape[1] - 1)]
-            return mtp_window(params["head"], params["embed"], buf[rows, pos], nxt, cache, self.cfg,
+            return mtp_window(self._head(params), params["embed"], buf[rows, pos], nxt, cache, self.cfg,
                               cache.length)[1]
 
         return catch_up(feed, cache, written, end, buf.shape[1])
@@ -117,7 +134,7 @@ class MTP(Drafter):
         return state._replace(h0=self._store(state, ctx))
 
     def propose(self, params, state: MTPState, ctx: Context, key, num_draft: int):
-        head, embed, cfg = params["head"], params["embed"], self.cfg
+        head, embed, cfg = self._head(params), params["embed"], self.cfg
         K, D = num_draft, min(num_draft, cfg.num_modules)
         W = max(K + D, cfg.num_modules)
         buf, n = self._store(state, ctx), ctx.history_len

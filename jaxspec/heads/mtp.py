@@ -9,17 +9,25 @@ h^0_p is the target's last hidden state (before its final norm), which predicts 
 Params, stacked over modules: h_norm, e_norm [D, E]; proj [D, 2E, E]; block [D, ...] with the keys of
 a target layer (attn_norm, wq [E, H, Dh], wk/wv [E, G, Dh], wo, mlp_norm, w_gate, w_up, w_down);
 d2t int32[Vd]. The modules' KV caches are one KVCache with a layer per module.
+
+MTPHead (Flax NNX) owns them, one MTPModule per module (arrays kept apart: inside a compiled step
+XLA CPU copied the slices of stacked module weights whenever two parts of the step, the drafter's
+catch-up loop and its window, read them, 7 of a 14 ms MTP propose) and DraftVocab for d2t; the drafter and the training step carry its state through
+nnx.split / nnx.merge, and the math is the pure functions below.
 """
 from __future__ import annotations
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from ..cache import KVCache, advance, attention_mask, positions, rollback
 from ..config import ModelConfig
 from ..models.llama import _block, rms_norm, rope_angles
+from .eagle import DraftVocab
 
 BLOCK_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
 
@@ -82,20 +90,53 @@ def init_mtp_params(cfg: MTPConfig, key: jax.Array, d2t=None, block=None, dtype=
 MODULE_KEYS = ("h_norm", "e_norm", "proj", "block")
 
 
+class MTPModule(nnx.Module):
+    """One module's arrays: h_norm, e_norm [E], proj [2E, E], block {BLOCK_KEYS: a target layer's shapes}."""
+
+    def __init__(self, arrays: dict):
+        self.h_norm, self.e_norm, self.proj = (nnx.Param(jnp.asarray(arrays[k])) for k in ("h_norm", "e_norm", "proj"))
+        self.block = nnx.Dict({k: nnx.Param(jnp.asarray(arrays["block"][k])) for k in BLOCK_KEYS})
+
+    def arrays(self) -> dict:
+        return {"h_norm": self.h_norm[...], "e_norm": self.e_norm[...], "proj": self.proj[...],
+                "block": {k: self.block[k][...] for k in BLOCK_KEYS}}
+
+
+class MTPHead(nnx.Module):
+    """The MTP head's state: MTPHead(cfg, arrays) from the stacked arrays of the module docstring
+    (init_mtp_params, or a saved head); MTPHead.init(cfg, rngs=...) at random."""
+
+    def __init__(self, cfg: MTPConfig, arrays: dict):
+        self.cfg = cfg
+        like = init_mtp_params(cfg, jax.random.PRNGKey(0), dtype=jnp.int8)      # the shapes the config asks for
+        try:
+            chex.assert_trees_all_equal_shapes({k: arrays[k] for k in like}, like)
+        except (AssertionError, KeyError, ValueError) as e:
+            raise ValueError(f"MTP head arrays do not fit {cfg}: {e}") from None
+        self.modules = nnx.List([MTPModule(module_at(arrays, j)) for j in range(cfg.num_modules)])
+        self.d2t = DraftVocab(jnp.asarray(arrays["d2t"], jnp.int32))
+
+    @classmethod
+    def init(cls, cfg: MTPConfig, *, rngs: nnx.Rngs, d2t=None, block=None, dtype=jnp.float32,
+             scale: float = 0.02) -> "MTPHead":
+        return cls(cfg, init_mtp_params(cfg, rngs.params(), d2t, block, dtype, scale))
+
+    def arrays(self) -> dict:
+        """{"modules": per-module arrays, "d2t"}: what mtp_module and mtp_window take."""
+        return {"modules": tuple(m.arrays() for m in self.modules), "d2t": self.d2t[...]}
+
+    def stacked(self) -> dict:
+        """The arrays stacked over modules, as init_mtp_params gives them and files hold them."""
+        mods = [m.arrays() for m in self.modules]
+        return {**jax.tree_util.tree_map(lambda *a: jnp.stack(a), *mods), "d2t": self.d2t[...]}
+
+
 def module_at(params, j: int) -> dict:
-    """Module j's own parameters (0-based): params["modules"][j] when they are kept apart (unstack_modules),
+    """Module j's own parameters (0-based): params["modules"][j] when they are kept apart (MTPHead.arrays),
     else a slice of the stacked arrays."""
     if "modules" in params:
         return params["modules"][j]
     return jax.tree_util.tree_map(lambda a: a[j], {k: params[k] for k in MODULE_KEYS})
-
-
-def unstack_modules(params, num_modules: int) -> dict:
-    """The head with its modules as a tuple of per-module dicts, for decoding. Inside a compiled step
-    XLA CPU copied the slices of stacked module weights whenever two parts of the step (the drafter's
-    catch-up loop and its window) read them: 7 of a 14 ms MTP propose."""
-    rest = {k: v for k, v in params.items() if k not in MODULE_KEYS}
-    return {**rest, "modules": tuple(module_at(params, j) for j in range(num_modules))}
 
 
 def mtp_module(params, j: int, embed: jax.Array, h_prev: jax.Array, tokens: jax.Array, cache: KVCache,
