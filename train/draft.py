@@ -13,12 +13,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxspec.cache import init_cache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import DraftModel
 from jaxspec.model import Model
-from jaxspec.models import forward, init_params, lm_head
+from jaxspec.models import init_params, lm_head
+from jaxspec.models.module import LlamaModule
 
 from .batches import FeatureBatches
 from .features import bits_to_float, cache_features, shared_layers
@@ -53,15 +55,16 @@ def projected_embeddings(embed: jax.Array, width: int) -> jax.Array:
     return jnp.asarray(y, jnp.float32)
 
 
-def draft_loss(params, frozen, batch, cfg: ModelConfig, loss: str = "kl"):
+def draft_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, loss: str = "kl"):
     """Soft cross-entropy ("kl": forward KL up to a constant) or total variation ("tv") to the target's
-    full-vocabulary distribution at every kept position.
+    full-vocabulary distribution at every kept position; the draft model is nnx.merge(graph, params).
     frozen: {"target_out": the target's output params ({"embed"} or {"lm_head"})}. -> (loss, metrics)."""
     feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
     target_logits = lm_head(frozen["target_out"], feats[:, :, -1])           # [B, T, V]
     tokens = batch["tokens"]
     B, T = tokens.shape
-    logits, _, _ = forward(params, tokens, init_cache(cfg, B, T, params["embed"].dtype), cfg)
+    lm = nnx.merge(graph, params)
+    logits, _, _ = lm(tokens, init_cache(lm.cfg, B, T, lm.params()["embed"].dtype))
     if loss == "tv":
         return total_variation(logits, target_logits, batch["mask"])
     return stepwise_soft_ce(logits[None], target_logits, [0], [batch["mask"]], decay=1.0)
@@ -98,8 +101,10 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
                 "data": data_settings(data_dir), "config": dataclasses.asdict(cfg),
                 "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
                 "answer_only": answer_only, "loss": loss, **({"init": init} if init else {})}
-    loss_fn = lambda p, fz, b: draft_loss(p, fz, b, cfg, loss)
-    drafter_of = lambda p: DraftModel(Model(cfg, p, model.tokenizer, f"draft for {model.source}"))
+    graph, params = nnx.split(LlamaModule(cfg, params))
+    loss_fn = lambda p, fz, b: draft_loss(graph, p, fz, b, loss)
+    drafter_of = lambda p: DraftModel(Model(cfg, nnx.merge(graph, p).params(), model.tokenizer,
+                                            f"draft for {model.source}"))
     train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, {"target_out": out}, batches, settings,
                drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
                training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, "loss": loss,

@@ -8,11 +8,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from ..cache import init_cache, rollback
 from ..heads.metadata import HeadMetadata, head_metadata
 from ..model import Model
-from ..models import forward
+from ..models.module import LlamaModule
 from .base import Context, Drafter, catch_up, sample_chain
 
 
@@ -73,6 +74,7 @@ class DraftModel(Drafter):
         if not isinstance(model, Model):
             raise ValueError(f"DraftModel needs a jaxspec Model, got {type(model).__name__}")
         self.model, self.metadata = model, head_metadata(metadata, (), None)
+        self.graph, self.state = nnx.split(LlamaModule(model.config, model.params))
 
     @classmethod
     def load(cls, path: str, **kwargs) -> "DraftModel":
@@ -97,7 +99,10 @@ class DraftModel(Drafter):
         return f"DraftModel({self.model.source or 'model'}, {cfg.num_layers} layers, width {cfg.hidden_size})"
 
     def params_for(self, model):
-        return self.model.params
+        return self.state
+
+    def _lm(self, params) -> LlamaModule:
+        return nnx.merge(self.graph, params)
 
     def static_key(self):
         return ("DraftModel", self.model.config)
@@ -106,30 +111,29 @@ class DraftModel(Drafter):
         check_same_vocabulary(self.model, model, "draft model")
 
     def init(self, params, prompts, lengths, capacity, features):
-        cfg = self.model.config
-        cache = init_cache(cfg, prompts.shape[0], capacity, params["embed"].dtype)
-        cache = forward(params, prompts, cache, cfg)[2]
+        lm = self._lm(params)
+        cache = init_cache(self.model.config, prompts.shape[0], capacity, self.model.params["embed"].dtype)
+        cache = lm(prompts, cache)[2]
         return DraftModelState(rollback(cache, lengths), lengths, jnp.int32(0))
 
     def _feed_last(self, params, cache, ctx: Context):
         """Roll back to the target's length - 1 and run [previous token, last] -> (logits [B, 2, V], cache)."""
         start = ctx.history_len - 2                               # slot of the token before `last`
         prev = jnp.take_along_axis(ctx.history, start[:, None], axis=1)[:, 0]
-        logits, _, cache = forward(params, jnp.stack([prev, ctx.last], axis=1), rollback(cache, start),
-                                   self.model.config)
+        logits, _, cache = self._lm(params)(jnp.stack([prev, ctx.last], axis=1), rollback(cache, start))
         return logits, cache
 
     def sync(self, params, state, ctx: Context):
         return state
 
     def propose(self, params, state: DraftModelState, ctx: Context, key, num_draft: int):
-        cfg = self.model.config
-        feed = lambda cache, pos: forward(params, jnp.take_along_axis(ctx.history, pos, axis=1), cache, cfg)[2]
+        lm = self._lm(params)
+        feed = lambda cache, pos: lm(jnp.take_along_axis(ctx.history, pos, axis=1), cache)[2]
         cache = catch_up(feed, state.cache, state.written, ctx.history_len - 2, ctx.history.shape[1])   # _feed_last writes on
         logits, cache = self._feed_last(params, cache, ctx)
 
         def step(cache, tok):
-            logits, _, cache = forward(params, tok[:, None], cache, cfg)
+            logits, _, cache = lm(tok[:, None], cache)
             return cache, logits[:, 0]
 
         tokens, probs, cache = sample_chain(logits[:, -1], step, cache, key, num_draft, ctx.sampling)
