@@ -74,8 +74,8 @@ def eagle_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, steps: int
     nnx.merge(graph, params: its nnx.Param state, frozen["vocab"]: its DraftVocab state).
 
     frozen: {"embed": [V, E] target embeddings, "target_head": [E, Vd] the target's output rows of the
-    draft vocabulary, "vocab"}. feats hold the N feature layers then the target's final normed hidden
-    state, whose product with target_head gives the target's draft-vocabulary logits."""
+    draft vocabulary, "vocab"}. batch["feats"]: the cached features (layout in train/features.py); the
+    final normed state (slot N) times target_head gives the target's draft-vocabulary logits."""
     feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
     target_logits = jnp.einsum("bte,ev->btv", feats[:, :, -1], frozen["target_head"],
                                preferred_element_type=jnp.float32)

@@ -2,9 +2,16 @@
 
 For every stored example the target runs once over prompt + answer and we keep, per token, the
 hidden states the head reads (its feature layers) and the target's final normed hidden state, from
-which the target's logits over any draft vocabulary are one small matmul. Rows are stored as
-bfloat16 bits (uint16) in one .npy per data shard, [tokens, N + 1, E], in the shard's token order,
-each written atomically, so a killed run resumes at the first missing shard.
+which the target's logits over any draft vocabulary are one small matmul.
+
+The layout (the one place it is written down; batches.py and the losses read it):
+  DATA/features-<layers joined by "-">/   e.g. features-2-15-28 for EAGLE's default on SmolLM2
+    features.json      {"fingerprint": the target's, "layers": [N indices], "shards": {shard name: rows}}
+    <shard name>.npy   uint16[tokens, N + 1, E]: bfloat16 bits; slot n < N the residual stream after
+                       layer layers[n] (0 = embeddings), slot N the final normed hidden state; rows in
+                       the shard's token order (its examples' prompt + answer, concatenated)
+Each .npy is written atomically, so a killed run resumes at the first missing shard. MTP and the
+draft model read slot N only, so they share EAGLE's folder (shared_layers).
 """
 from __future__ import annotations
 
