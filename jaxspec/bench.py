@@ -159,7 +159,7 @@ def _speedups(agg: dict, plain: dict) -> dict:
             "decode_speedup": agg["decode_tokens_per_second"] / plain["decode_tokens_per_second"]}
 
 
-def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, ks, batch: int = 1,
+def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, ks, batch: int = 1,
                    sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True,
                    repeats: int = 1) -> dict:
     """Plain decoding, each drafter at each fixed K and (adaptive=True) with adaptive K up to max(ks),
@@ -268,8 +268,8 @@ def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_i
     return result
 
 
-def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: int,
-        peer: str | None, out_dir: str | None, drafters=("ngram",), ks=(5,), batch_sizes=(1,),
+def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max_new_tokens: int = 128,
+        peer: str | None = None, out_dir: str | None = None, drafters=("ngram",), ks=(5,), batch_sizes=(1,),
         temperatures=(0.0,), adaptive: bool = True, repeats: int = 1, source: str | None = None) -> dict:
     from .loading import load
     from .loading.registry import NAMED_MODELS, resolve_named
@@ -286,8 +286,9 @@ def run(model_name, prompt_file: str | None, num_prompts: int, max_new_tokens: i
               "ks": list(ks), "adaptive": adaptive, "repeats": repeats, "runs": []}
     for temperature in temperatures:
         for batch in batch_sizes:
-            decoders = bench_decoders(model, ids, max_new_tokens, made, ks, batch, Sampling(temperature=temperature),
-                                      adaptive, repeats=repeats)
+            decoders = bench_decoders(model, ids, max_new_tokens, made, ks=ks, batch=batch,
+                                      sampling=Sampling(temperature=temperature),
+                                      adaptive=adaptive, repeats=repeats)
             result["runs"].append({"batch": batch, "temperature": temperature, "decoders": decoders})
             print(f"batch {batch}, temperature {temperature}: " + ", ".join(
                 f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)

@@ -85,7 +85,8 @@ def cmd_bench(args) -> int:
     temperatures = _numbers(args.temperatures, float, "--temperatures")
     if min(ks) < 1 or min(batch_sizes) < 1 or min(temperatures) < 0 or args.repeats < 1:
         raise ValueError("-k, --batch-sizes and --repeats need values >= 1, --temperatures values >= 0")
-    result = bench.run(args.model, args.prompts, args.num_prompts, args.max_new_tokens, args.peer, args.out,
+    result = bench.run(args.model, prompt_file=args.prompts, num_prompts=args.num_prompts,
+                       max_new_tokens=args.max_new_tokens, peer=args.peer, out_dir=args.out,
                        drafters=drafters, ks=ks, batch_sizes=batch_sizes, temperatures=temperatures,
                        adaptive=not args.no_adaptive, repeats=args.repeats, source=args.source)
     print(bench.markdown(result))

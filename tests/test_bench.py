@@ -97,7 +97,7 @@ def test_bench_run_writes_json_table_and_plots(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text("".join(f'{{"prompt": "question {i} {i} {i}"}}\n' for i in range(3)))
     out = tmp_path / "out"
-    r = bench.run(tiny_model(), str(f), 3, 8, None, str(out), drafters=("ngram",), ks=(2,), batch_sizes=(1, 2),
+    r = bench.run(tiny_model(), prompt_file=str(f), num_prompts=3, max_new_tokens=8, out_dir=str(out), drafters=("ngram",), ks=(2,), batch_sizes=(1, 2),
                   temperatures=(0.0, 0.7))
     assert [(run["batch"], run["temperature"]) for run in r["runs"]] == [(1, 0.0), (2, 0.0), (1, 0.7), (2, 0.7)]
     saved = json.loads((out / "bench.json").read_text())

@@ -13,7 +13,7 @@ from .registry import NAMED_MODELS, resolve_named
 __all__ = ["load", "NAMED_MODELS"]
 
 
-def load(name_or_path: str, dtype=jnp.float32) -> Model:
+def load(name_or_path: str, *, dtype=jnp.float32) -> Model:
     """Load a model: a name from NAMED_MODELS, a .gguf path, or a folder (config.json + safetensors)."""
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path):
         raise ValueError(f"load() needs a model name or path, got {name_or_path!r}")
