@@ -131,3 +131,20 @@ def test_head_metadata_rejects_unknown_keys_and_a_head_it_does_not_describe():
         Eagle(e.head_params, e.cfg, {"draft_vocab_size": e.cfg.draft_vocab_size + 1})
     shipped = Eagle(e.head_params, e.cfg, {"heldout_acceptance": {"per_position_acceptance": [0.4, 0.1]}})
     assert shipped.metadata.hidden_layers == e.hidden_layers and shipped.prior_acceptance == (0.4,)
+
+
+def test_tied_head_drafts_through_the_target_rows_and_stores_none(tmp_path):
+    m = tiny_model()
+    cfg = EagleConfig.for_target(TINY, draft_vocab_size=48, feature_layers=LAYERS, tied_head=True)
+    d2t = np.random.RandomState(2).permutation(TINY.vocab_size)[:48]
+    e = Eagle(init_eagle_params(cfg, jax.random.PRNGKey(2), d2t=d2t, scale=0.3), cfg)
+    assert "lm_head" not in e.head_params
+    rows = e.params_for(m)["rows"]
+    np.testing.assert_array_equal(rows, m.params["embed"][d2t].T if "lm_head" not in m.params
+                                  else m.params["lm_head"][:, d2t])
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7]]
+    out = jaxspec.generate(m, prompts, max_new_tokens=16, drafter=e, num_draft_tokens=3, adaptive=False)
+    assert out.tokens == jaxspec.generate(m, prompts, max_new_tokens=16).tokens
+    e.save(str(tmp_path / "tied"))
+    back = Eagle.load(str(tmp_path / "tied"))
+    assert back.cfg.tied_head and "lm_head" not in back.head_params

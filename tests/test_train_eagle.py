@@ -28,7 +28,7 @@ def _setup(T=12):
 def test_unrolled_steps_equal_incremental_drafting():
     m, cfg, head, tokens, feats = _setup()
     embed = m.params["embed"]
-    ttt = ttt_logits(EagleHead(cfg, head), embed, feats, tokens, steps=3)     # [3, 1, T, Vd]
+    ttt = ttt_logits(EagleHead(cfg, head), embed, feats, tokens, 3, head["lm_head"])   # [3, 1, T, Vd]
     for p in (0, 4, 8):
         # the cache holds the real pairs (feature_t, token_{t+1}) for t <= p
         cache = init_cache(cfg.cache_config(), 1, 32)
@@ -46,11 +46,13 @@ def test_loss_and_gradients():
     target_logits = jax.random.normal(jax.random.PRNGKey(6), tokens.shape + (40,))
     mask = jnp.arange(12)[None] < 10
     module = EagleHead(cfg, head)
-    loss, metrics = ttt_loss(module, m.params["embed"], feats, tokens, target_logits, mask, steps=3)
+    loss, metrics = ttt_loss(module, m.params["embed"], feats, tokens, target_logits, mask, 3,
+                             module.output_rows(m.params))
     assert np.isfinite(float(loss)) and metrics["loss_j"].shape == (3,)
     graph, trainable, vocab = nnx.split(module, nnx.Param, DraftVocab)     # d2t is a fixed id map, not trained
-    loss_of = lambda p: ttt_loss(nnx.merge(graph, p, vocab), m.params["embed"], feats, tokens,
-                                 target_logits, mask, 3)[0]
+    def loss_of(p):
+        head = nnx.merge(graph, p, vocab)
+        return ttt_loss(head, m.params["embed"], feats, tokens, target_logits, mask, 3, head.output_rows(None))[0]
     grads = nnx.to_pure_dict(jax.grad(loss_of)(trainable))
     assert set(grads) == set(head) - {"d2t"}
     assert all(np.isfinite(np.asarray(g)).all() for g in grads.values())

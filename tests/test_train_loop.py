@@ -11,6 +11,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import safetensors.numpy
 import pytest
 
 from jaxspec.drafters import MTP, DraftModel, Eagle
@@ -46,14 +47,15 @@ MTP_KW = dict(num_modules=2, draft_vocab_size=64, feature_layers=LAYERS, tokens_
 DRAFT_SHAPE = dict(hidden_size=32, num_layers=1, head_dim=8, num_kv_heads=2)
 DRAFT_KW = dict(**DRAFT_SHAPE, feature_layers=LAYERS, tokens_per_batch=512, progress=False)
 TRAINERS = {"eagle": (train_eagle, EAGLE_KW, Eagle), "mtp": (train_mtp, MTP_KW, MTP),
-            "draft": (train_draft, DRAFT_KW, DraftModel)}
-KINDS = list(TRAINERS)
+            "draft": (train_draft, DRAFT_KW, DraftModel),
+            "eagle-tied": (train_eagle, {**EAGLE_KW, "tied_head": True}, Eagle)}
+KINDS = ["eagle", "mtp", "draft"]
 
 
 def untrained(kind: str, m: Model, d2t):
     """A head as its trainer initialises it (output rows or blocks copied from the target)."""
-    if kind == "eagle":
-        cfg = EagleConfig.for_target(CHAIN, 64, LAYERS)
+    if kind.startswith("eagle"):
+        cfg = EagleConfig.for_target(CHAIN, 64, LAYERS, tied_head=kind == "eagle-tied")
         return Eagle(init_eagle_params(cfg, jax.random.PRNGKey(0), d2t=d2t, lm_head=lm_head_rows(m.params, d2t)), cfg)
     if kind == "mtp":
         cfg = MTPConfig.for_target(CHAIN, 2, 64)
@@ -78,7 +80,7 @@ def tiny_data(tmp_path_factory):
     return m, out, str(prompts)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ["eagle-tied"])
 def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path, kind):
     m, data_dir, prompts = tiny_data
     trainer, kw, _ = TRAINERS[kind]
@@ -100,6 +102,9 @@ def test_training_lowers_loss_and_raises_acceptance(tiny_data, tmp_path, kind):
     assert drafter.metadata.target_fingerprint == m.fingerprint
     assert drafter.metadata.training["train_seconds"] > 0
     assert os.path.getsize(tmp_path / kind / "training.png") > 10_000
+    if kind.startswith("eagle"):                   # a tied head stores no output rows: it reads the target's
+        stored = safetensors.numpy.load_file(str(tmp_path / kind / "params.safetensors"))
+        assert ("lm_head" in stored) == (kind == "eagle") and drafter.cfg.tied_head == (kind == "eagle-tied")
 
 
 def _losses(out_dir) -> list[tuple[int, float]]:

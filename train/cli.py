@@ -80,7 +80,8 @@ def _train(args, what: str, train_fn, **kwargs) -> int:
 
 def cmd_eagle(args) -> int:
     from .eagle import train_eagle
-    return _train(args, "EAGLE head", train_eagle, draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps)
+    return _train(args, "EAGLE head", train_eagle, draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
+                  tied_head=args.tied_head)
 
 
 def cmd_mtp(args) -> int:
@@ -117,7 +118,7 @@ def cmd_scaling(args) -> int:
             kw.pop(unused)
         result = scaling_curve(model, data_dir, out, cfg, fractions=fractions, epochs=args.epochs,
                                tokens_per_batch=args.batch_tokens, draft_vocab_size=args.draft_vocab,
-                               ttt_steps=args.ttt_steps, seed=args.seed, **kw)
+                               ttt_steps=args.ttt_steps, tied_head=args.tied_head, seed=args.seed, **kw)
         for r in result["runs"]:
             print(f"  {r['fraction']:g} of the data: {r['answer_tokens']} answer tokens, {r['steps']} steps, "
                   f"held-out mean accepted length {r['mean_accepted_length']}")
@@ -200,6 +201,9 @@ def _eagle_commands(tsub) -> None:
     _training_args(e, steps=2000, lr=1e-3)
     e.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd")
     e.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled in training")
+    e.add_argument("--tied-head", action="store_true",
+                   help="draft through the target's frozen output rows (no stored lm_head: a large --draft-vocab "
+                        "costs no checkpoint size)")
     e.set_defaults(handler=cmd_eagle)
     sc = tsub.add_parser("scaling", help="EAGLE heads on 1/8, 1/4, 1/2 and all of the data, the same epochs "
                                          "each: held-out acceptance against data size (scaling.json, scaling.png)")
@@ -209,6 +213,7 @@ def _eagle_commands(tsub) -> None:
     sc.add_argument("--epochs", type=float, default=1.0, help="passes over each subset (steps follow its tokens)")
     sc.add_argument("--draft-vocab", type=int, default=16384)
     sc.add_argument("--ttt-steps", type=int, default=4)
+    sc.add_argument("--tied-head", action="store_true", help="as for `train eagle`")
     sc.set_defaults(handler=cmd_scaling)
     m = tsub.add_parser("mtp", help="train DeepSeek-V3-style multi-token-prediction modules (resumable)")
     _training_args(m, steps=2000, lr=1e-3)

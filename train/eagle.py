@@ -30,8 +30,10 @@ def _shift(x: jax.Array, by: int) -> jax.Array:
     return jnp.concatenate([jnp.zeros_like(x[:, :by]), x[:, :-by]], axis=1)
 
 
-def ttt_logits(head: EagleHead, embed: jax.Array, feats: jax.Array, tokens: jax.Array, steps: int) -> jax.Array:
-    """feats [N, B, T, E] target features, tokens int32[B, T] -> draft logits [J, B, T, Vd]."""
+def ttt_logits(head: EagleHead, embed: jax.Array, feats: jax.Array, tokens: jax.Array, steps: int,
+               rows: jax.Array) -> jax.Array:
+    """feats [N, B, T, E] target features, tokens int32[B, T], rows [E, Vd] (head.output_rows) -> draft
+    logits [J, B, T, Vd]."""
     B, T = tokens.shape
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)   # token_{t+1}
@@ -51,19 +53,20 @@ def ttt_logits(head: EagleHead, embed: jax.Array, feats: jax.Array, tokens: jax.
         out = jnp.einsum("bgrts,bsgd->btgrd", w[..., :T], values[0])
         for n, i in enumerate(range(2, j + 1)):
             out = out + w[..., T + n].transpose(0, 3, 1, 2)[..., None] * _shift(values[i - 1], j - i)[:, :, :, None]
-        h, logits = head.out(feature, out.reshape(B, T, H, D).astype(feature.dtype))
+        h, logits = head.out(feature, out.reshape(B, T, H, D).astype(feature.dtype), rows)
         all_logits.append(logits)
         feature = _shift(h, 1)                                  # step j+1 at t reads h^j_{t-1}
     return jnp.stack(all_logits)
 
 
-def ttt_loss(head: EagleHead, embed, feats, tokens, target_logits, loss_mask, steps: int, decay: float = 0.8):
+def ttt_loss(head: EagleHead, embed, feats, tokens, target_logits, loss_mask, steps: int, rows: jax.Array,
+             decay: float = 0.8):
     """Soft cross-entropy summed over steps with weights decay^(j-1).
 
     target_logits [B, T, Vd]: the target's logits at each position restricted to the draft vocabulary
     (softmax over them = its distribution conditioned on the draft vocabulary); loss_mask bool[B, T]
     marks positions t whose target t+1 counts. -> (loss, {"loss_j": [J], "top1_j": [J]})."""
-    logits = ttt_logits(head, embed, feats, tokens, steps)                 # [J, B, T, Vd]
+    logits = ttt_logits(head, embed, feats, tokens, steps, rows)           # [J, B, T, Vd]
     t = jnp.arange(tokens.shape[1])[None, :]
     valid = [loss_mask & (t >= j) for j in range(steps)]                  # step j+1 needs j earlier outputs
     return stepwise_soft_ce(logits, target_logits, [1] * steps, valid, decay)   # position t: target at t+1
@@ -81,20 +84,21 @@ def eagle_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, steps: int
                                preferred_element_type=jnp.float32)
     head = nnx.merge(graph, params, frozen["vocab"])
     return ttt_loss(head, frozen["embed"], feats[:, :, :-1].transpose(2, 0, 1, 3), batch["tokens"],
-                    target_logits, batch["mask"], steps)
+                    target_logits, batch["mask"], steps, head.output_rows(frozen["target_head"]))
 
 
 def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,
-                ttt_steps: int = 5, feature_layers=None, tokens_per_batch: int = 4096, seed: int = 0,
+                ttt_steps: int = 5, feature_layers=None, tied_head: bool = False, tokens_per_batch: int = 4096, seed: int = 0,
                 resume: bool = False, eval_prompts=None, eval_tokens: int = 64, progress: bool = True,
                 on_step=None, until: int | None = None, answer_only: bool = False, shards: list[str] | None = None):
     """Train an EAGLE head for `model` on the self-distilled data in data_dir; save it to out_dir.
 
     Returns the Eagle drafter. eval_prompts (token-id lists) are decoded with the head every
     train_cfg.eval_every steps and at the end; the last result goes into the head's metadata. shards: train
-    on these data shards only (default all; train/scaling.py)."""
+    on these data shards only (default all; train/scaling.py). tied_head: the head drafts through the
+    target's frozen output rows of the draft vocabulary instead of its own (heads/eagle.py)."""
     vocab = model.config.vocab_size
-    cfg = EagleConfig.for_target(model.config, min(draft_vocab_size, vocab), feature_layers)
+    cfg = EagleConfig.for_target(model.config, min(draft_vocab_size, vocab), feature_layers, tied_head)
     d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size, names=shards)
     feat_dir = cache_features(model, data_dir, cfg.feature_layers, progress=progress, names=shards)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
@@ -106,7 +110,8 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     frozen = {"embed": model.params["embed"], "target_head": target_head, "vocab": vocab}
     settings = {"kind": "eagle", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "ttt_steps": ttt_steps,
-                "feature_layers": list(cfg.feature_layers), "tokens_per_batch": tokens_per_batch, "seed": seed,
+                "feature_layers": list(cfg.feature_layers), **({"tied_head": True} if tied_head else {}),
+                "tokens_per_batch": tokens_per_batch, "seed": seed,
                 "examples": len(batches.seqs), **({"answer_only": True} if answer_only else {}),
                 **({"shards": list(shards)} if shards is not None else {})}
     loss_fn = lambda p, fz, b: eagle_loss(graph, p, fz, b, ttt_steps)

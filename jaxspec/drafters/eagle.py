@@ -69,7 +69,8 @@ class Eagle(Drafter):
         save_head(path, KIND, self.cfg.__dict__, self.head_params, self.metadata.to_dict())
 
     def __repr__(self):
-        return f"Eagle(layers {self.cfg.feature_layers}, draft vocab {self.cfg.draft_vocab_size})"
+        tied = ", the target's output rows" if self.cfg.tied_head else ""
+        return f"Eagle(layers {self.cfg.feature_layers}, draft vocab {self.cfg.draft_vocab_size}{tied})"
 
     def static_key(self):
         return (KIND, self.cfg)
@@ -78,7 +79,8 @@ class Eagle(Drafter):
         check_head_target("EAGLE", self.cfg.target_vocab_size, self.cfg.hidden_size, self.metadata, model)
 
     def params_for(self, model):
-        return {"head": self.state, "embed": model.params["embed"]}
+        rows = nnx.merge(self.graph, self.state).output_rows(model.params)      # [E, Vd]
+        return {"head": self.state, "embed": model.params["embed"], "rows": rows}
 
     def init(self, params, prompts, lengths, capacity, features):
         """Write the prompt's pairs (feature_t, prompt_{t+1}) for t < length - 1.
@@ -87,7 +89,7 @@ class Eagle(Drafter):
         head = self._head(params)
         cache = init_cache(self.cfg.cache_config(), B, capacity, head.fc.dtype)
         nxt = jnp.concatenate([prompts[:, 1:], jnp.zeros((B, 1), prompts.dtype)], axis=1)
-        _, _, cache = head.step(params["embed"], head.fuse(features), nxt, cache)
+        _, _, cache = head.step(params["embed"], head.fuse(features), nxt, cache, params["rows"])
         stored = jnp.zeros(features.shape[:2] + (capacity,) + features.shape[3:], features.dtype)
         return EagleState(rollback(cache, lengths - 1), jnp.zeros((B,), jnp.int32), lengths - 1, stored)
 
@@ -98,7 +100,7 @@ class Eagle(Drafter):
 
         def feed(cache, pos):                                          # pos [B, C]
             tokens = jnp.take_along_axis(ctx.history, pos + 1, axis=1)
-            return head.step(params["embed"], head.fuse(stored[:, rows, pos]), tokens, cache)[2]
+            return head.step(params["embed"], head.fuse(stored[:, rows, pos]), tokens, cache, params["rows"])[2]
 
         return catch_up(feed, state.cache, state.written, ctx.feature_positions(state.n_prev)[:, 0],
                         stored.shape[2])
@@ -112,7 +114,8 @@ class Eagle(Drafter):
         tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(P), ctx.history.shape[1] - 1)
         tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
         head = self._head(params)
-        h, logits, cache = head.step(params["embed"], head.fuse(ctx.features), tokens, rollback(cache, first_pos))
+        h, logits, cache = head.step(params["embed"], head.fuse(ctx.features), tokens, rollback(cache, first_pos),
+                                     params["rows"])
         return h, logits, rollback(cache, target_len)
 
     def sync(self, params, state: EagleState, ctx: Context):
@@ -131,7 +134,7 @@ class Eagle(Drafter):
 
         def step(carry, tok):
             cache, h = carry
-            h, logits, cache = head.step(embed, h, tok[:, None], cache)
+            h, logits, cache = head.step(embed, h, tok[:, None], cache, params["rows"])
             return (cache, h), head.target_logits(logits[:, 0])
 
         tokens, probs, (cache, _) = sample_chain(head.target_logits(logits[rows, n_prev]), step,

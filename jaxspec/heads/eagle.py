@@ -10,6 +10,8 @@ shared, never copied into the head.
 
 Params: fc [N, E, E]; embed_norm, feature_norm [E]; wq [2E, H, D], wk/wv [2E, G, D], wo [H, D, E];
 mlp_norm [E]; w_gate/w_up [E, F], w_down [F, E]; norm [E]; lm_head [E, Vd]; d2t int32[Vd].
+With tied_head the output rows are not the head's: they are the target's own rows of the draft
+vocabulary, frozen (as EAGLE-1 reuses the target's LM head), so a large Vd costs no stored weights.
 
 EagleHead (Flax NNX) owns them: nnx.Param for the trained arrays, DraftVocab for d2t. The drafter and
 the training step carry its state through nnx.split / nnx.merge; the math is the pure functions
@@ -26,7 +28,7 @@ from flax import nnx
 
 from ..cache import KVCache, advance, attention_mask, positions, write_layer
 from ..config import ModelConfig
-from ..models.llama import apply_rope, attend, rms_norm, rope_angles
+from ..models.llama import apply_rope, attend, lm_head_rows, rms_norm, rope_angles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +43,11 @@ class EagleConfig:
     target_vocab_size: int      # V
     draft_vocab_size: int       # Vd
     feature_layers: tuple       # target hidden-stream indices fused (low, middle, high)
+    tied_head: bool = False     # output rows: the target's frozen rows of the draft vocabulary
 
     @classmethod
-    def for_target(cls, target: ModelConfig, draft_vocab_size: int, feature_layers=None) -> "EagleConfig":
+    def for_target(cls, target: ModelConfig, draft_vocab_size: int, feature_layers=None,
+                   tied_head: bool = False) -> "EagleConfig":
         L = target.num_layers
         layers = tuple(feature_layers) if feature_layers else (2, L // 2, L - 2)
         if not all(0 <= j <= L for j in layers):
@@ -52,7 +56,7 @@ class EagleConfig:
             raise ValueError(f"draft_vocab_size must lie in [1, {target.vocab_size}], got {draft_vocab_size}")
         return cls(target.hidden_size, target.intermediate_size, target.num_heads, target.num_kv_heads,
                    target.head_dim, target.rope_theta, target.rms_norm_eps, target.vocab_size,
-                   int(draft_vocab_size), layers)
+                   int(draft_vocab_size), layers, bool(tied_head))
 
     def cache_config(self) -> ModelConfig:
         """The one-layer shape of the head's KV cache."""
@@ -77,10 +81,11 @@ def init_eagle_params(cfg: EagleConfig, key: jax.Array, d2t=None, lm_head=None, 
         "wo": normal(ks[4], (H, D, E)), "mlp_norm": jnp.ones((E,), dtype),
         "w_gate": normal(ks[5], (E, F)), "w_up": normal(ks[6], (E, F)), "w_down": normal(ks[7], (F, E)),
         "norm": jnp.ones((E,), dtype),
-        "lm_head": (normal(jax.random.fold_in(key, 9), (E, Vd)) if lm_head is None
-                    else jnp.array(lm_head, dtype)),           # a copy: training donates it
         "d2t": jnp.arange(Vd, dtype=jnp.int32) if d2t is None else jnp.asarray(d2t, jnp.int32),
     }
+    if not cfg.tied_head:
+        params["lm_head"] = (normal(jax.random.fold_in(key, 9), (E, Vd)) if lm_head is None
+                             else jnp.array(lm_head, dtype))          # a copy: training donates it
     return params
 
 
@@ -89,12 +94,13 @@ class DraftVocab(nnx.Variable):
 
 
 def param_shapes(cfg: EagleConfig) -> dict:
-    """The shape of each trained array."""
+    """The shape of each trained array (lm_head only when the head has its own)."""
     E, F, H, G, D, Vd = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                          cfg.head_dim, cfg.draft_vocab_size)
+    own_rows = {} if cfg.tied_head else {"lm_head": (E, Vd)}
     return {"fc": (len(cfg.feature_layers), E, E), "embed_norm": (E,), "feature_norm": (E,), "wq": (2 * E, H, D),
             "wk": (2 * E, G, D), "wv": (2 * E, G, D), "wo": (H, D, E), "mlp_norm": (E,), "w_gate": (E, F),
-            "w_up": (E, F), "w_down": (F, E), "norm": (E,), "lm_head": (E, Vd)}
+            "w_up": (E, F), "w_down": (F, E), "norm": (E,), **own_rows}
 
 
 class EagleHead(nnx.Module):
@@ -123,8 +129,18 @@ class EagleHead(nnx.Module):
         return cls(cfg, init_eagle_params(cfg, rngs.params(), d2t, lm_head, dtype, scale))
 
     def arrays(self) -> dict:
-        """{name: array} of every parameter and d2t (what the functions below and the files take)."""
+        """{name: array} of every parameter and d2t (what the files hold)."""
         return {**{name: getattr(self, name)[...] for name in param_shapes(self.cfg)}, "d2t": self.d2t[...]}
+
+    def output_rows(self, target) -> jax.Array:
+        """[E, Vd]: the head's own lm_head, or (tied_head) the rows of the target's output matrix
+        for the draft vocabulary. target: the target's params, or those rows already taken."""
+        if not self.cfg.tied_head:
+            return self.lm_head[...]
+        return target if isinstance(target, jax.Array) else lm_head_rows(target, self.d2t[...])
+
+    def _with(self, rows) -> dict:
+        return {**self.arrays(), "lm_head": rows}
 
     def fuse(self, feats: jax.Array) -> jax.Array:
         return fuse_features(self.arrays(), feats)
@@ -132,11 +148,12 @@ class EagleHead(nnx.Module):
     def qkv(self, embed, feature, tokens, pos):
         return eagle_qkv(self.arrays(), embed, feature, tokens, pos, self.cfg)
 
-    def out(self, feature, attn):
-        return eagle_out(self.arrays(), feature, attn, self.cfg)
+    def out(self, feature, attn, rows):
+        """rows [E, Vd]: output_rows(...)."""
+        return eagle_out(self._with(rows), feature, attn, self.cfg)
 
-    def step(self, embed, feature, tokens, cache: KVCache):
-        return eagle_step(self.arrays(), embed, feature, tokens, cache, self.cfg)
+    def step(self, embed, feature, tokens, cache: KVCache, rows):
+        return eagle_step(self._with(rows), embed, feature, tokens, cache, self.cfg)
 
     def target_logits(self, draft_logits: jax.Array) -> jax.Array:
         return to_target_logits(self.arrays(), draft_logits, self.cfg.target_vocab_size)
