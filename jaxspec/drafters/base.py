@@ -16,9 +16,10 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from ..cache import rollback
-from ..heads.metadata import HeadMetadata
+from ..heads.metadata import HeadMetadata, head_metadata
 from ..sampling import probs_from_logits
 
 CATCH_UP = 16   # positions per pass when a drafter's propose takes in what plain steps (sync) skipped
@@ -86,6 +87,34 @@ class Drafter:
         would have (the last pass's tokens and features) so later drafts see the full context.
         The default keeps the state as it is (right for drafters that read only ctx.history)."""
         return state
+
+
+class HeadDrafter(Drafter):
+    """A drafter around a trained Flax NNX head (EAGLE, MTP): built from the module, or from its
+    arrays and config, with optional HeadMetadata. It keeps nnx.split(head) = (graph, state); the
+    compiled loop gets the state (params_for) and merges it back with the graph (head)."""
+
+    head_class: type = nnx.Module     # the head's module; its __init__(cfg, arrays)
+
+    def __init__(self, head, cfg=None, metadata: HeadMetadata | dict | None = None):
+        name = type(self).__name__
+        if not isinstance(head, self.head_class):
+            if cfg is None:
+                raise ValueError(f"{name}(arrays, cfg): the config is needed with a mapping of arrays")
+            head = self.head_class(cfg, head)
+        self.cfg = head.cfg
+        self.graph, self.state = nnx.split(head)
+        self.hidden_layers = self.layers_read(self.cfg)
+        self.metadata = head_metadata(metadata, self.hidden_layers, self.cfg.draft_vocab_size)
+
+    @staticmethod
+    def layers_read(cfg) -> tuple:
+        """The target layers whose hidden states the head reads."""
+        raise NotImplementedError
+
+    def head(self, params=None):
+        """The head module: from the compiled loop's params["head"], or the one held."""
+        return nnx.merge(self.graph, self.state if params is None else params["head"])
 
 
 def draw_token(logits: jax.Array, key, sampling: dict):

@@ -15,13 +15,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, EagleHead
 from ..heads.io import load_head, save_head
-from ..heads.metadata import HeadMetadata, head_metadata
-from .base import Context, Drafter, catch_up, check_head_target, sample_chain
+from .base import Context, HeadDrafter, catch_up, check_head_target, sample_chain
 
 KIND = "eagle"
 
@@ -35,29 +33,17 @@ class EagleState(NamedTuple):
     stored: jax.Array       # [N, B, S, E]: target features of positions plain steps passed (sync)
 
 
-class Eagle(Drafter):
+class Eagle(HeadDrafter):
     """Eagle(EagleHead) or Eagle(head arrays, cfg), with optional metadata, or Eagle.load(path); serves
-    the target it was trained on. The compiled loop gets the head's nnx state (params_for) and merges
-    it with the graph kept here."""
+    the target it was trained on (base.HeadDrafter)."""
 
-    def __init__(self, head: EagleHead | dict, cfg: EagleConfig | None = None,
-                 metadata: HeadMetadata | dict | None = None):
-        if not isinstance(head, EagleHead):
-            if cfg is None:
-                raise ValueError("Eagle(arrays, cfg): the config is needed with a mapping of arrays")
-            head = EagleHead(cfg, head)
-        self.cfg = head.cfg
-        self.graph, self.state = nnx.split(head)
-        self.hidden_layers = tuple(self.cfg.feature_layers)
-        self.metadata = head_metadata(metadata, self.hidden_layers, self.cfg.draft_vocab_size)
+    head_class = EagleHead
+    layers_read = staticmethod(lambda cfg: tuple(cfg.feature_layers))
 
     @property
     def head_params(self) -> dict:
         """{name: array} of the head (heads/eagle.py)."""
-        return nnx.merge(self.graph, self.state).arrays()
-
-    def _head(self, params) -> EagleHead:
-        return nnx.merge(self.graph, params["head"])
+        return self.head().arrays()
 
     @classmethod
     def load(cls, path: str) -> "Eagle":
@@ -79,14 +65,14 @@ class Eagle(Drafter):
         check_head_target("EAGLE", self.cfg.target_vocab_size, self.cfg.hidden_size, self.metadata, model)
 
     def params_for(self, model):
-        rows = nnx.merge(self.graph, self.state).output_rows(model.params)      # [E, Vd]
+        rows = self.head().output_rows(model.params)                           # [E, Vd]
         return {"head": self.state, "embed": model.params["embed"], "rows": rows}
 
     def init(self, params, prompts, lengths, capacity, features):
         """Write the prompt's pairs (feature_t, prompt_{t+1}) for t < length - 1.
         -> EagleState."""
         B = prompts.shape[0]
-        head = self._head(params)
+        head = self.head(params)
         cache = init_cache(self.cfg.cache_config(), B, capacity, head.fc.dtype)
         nxt = jnp.concatenate([prompts[:, 1:], jnp.zeros((B, 1), prompts.dtype)], axis=1)
         _, _, cache = head.step(params["embed"], head.fuse(features), nxt, cache, params["rows"])
@@ -96,7 +82,7 @@ class Eagle(Drafter):
     def _catch_up(self, params, state: EagleState, ctx: Context):
         """The head cache with the pairs of positions [written, the last pass's first) from the stored features."""
         stored = state.stored
-        rows, head = jnp.arange(ctx.last.shape[0])[:, None], self._head(params)
+        rows, head = jnp.arange(ctx.last.shape[0])[:, None], self.head(params)
 
         def feed(cache, pos):                                          # pos [B, C]
             tokens = jnp.take_along_axis(ctx.history, pos + 1, axis=1)
@@ -113,7 +99,7 @@ class Eagle(Drafter):
         P = ctx.features.shape[2]
         tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(P), ctx.history.shape[1] - 1)
         tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
-        head = self._head(params)
+        head = self.head(params)
         h, logits, cache = head.step(params["embed"], head.fuse(ctx.features), tokens, rollback(cache, first_pos),
                                      params["rows"])
         return h, logits, rollback(cache, target_len)
@@ -125,7 +111,7 @@ class Eagle(Drafter):
         return state._replace(stored=stored)
 
     def propose(self, params, state: EagleState, ctx: Context, key, num_draft: int):
-        head, embed = self._head(params), params["embed"]
+        head, embed = self.head(params), params["embed"]
         state = state._replace(cache=self._catch_up(params, state, ctx))
         n_prev = state.n_prev
         B, K = ctx.last.shape[0], num_draft

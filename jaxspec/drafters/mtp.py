@@ -17,15 +17,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from ..cache import init_cache, rollback
 from ..heads.eagle import to_target_logits
 from ..heads.io import load_head, save_head
-from ..heads.metadata import HeadMetadata, head_metadata
 from ..heads.mtp import MTPConfig, MTPHead, mtp_logits, mtp_module, mtp_window
 from ..models import lm_head_rows
-from .base import Context, Drafter, catch_up, check_head_target, draw_token
+from .base import Context, HeadDrafter, catch_up, check_head_target, draw_token
 
 KIND = "mtp"
 
@@ -40,26 +38,17 @@ class MTPState(NamedTuple):
     drafted: jax.Array      # int32[]: K of a propose not yet committed, else 0
 
 
-class MTP(Drafter):
+class MTP(HeadDrafter):
     """MTP(MTPHead) or MTP(stacked head arrays, cfg), with optional metadata, or MTP.load(path); serves
-    the target it was trained on. The compiled loop gets the head's nnx state (params_for) and merges
-    it with the graph kept here."""
+    the target it was trained on (base.HeadDrafter)."""
 
-    def __init__(self, head: MTPHead | dict, cfg: MTPConfig | None = None,
-                 metadata: HeadMetadata | dict | None = None):
-        if not isinstance(head, MTPHead):
-            if cfg is None:
-                raise ValueError("MTP(arrays, cfg): the config is needed with a mapping of arrays")
-            head = MTPHead(cfg, head)
-        self.cfg = head.cfg
-        self.graph, self.state = nnx.split(head)
-        self.hidden_layers = (self.cfg.target_layers,)
-        self.metadata = head_metadata(metadata, self.hidden_layers, self.cfg.draft_vocab_size)
+    head_class = MTPHead
+    layers_read = staticmethod(lambda cfg: (cfg.target_layers,))
 
     @property
     def head_params(self) -> dict:
         """The head's arrays stacked over modules (heads/mtp.py)."""
-        return nnx.merge(self.graph, self.state).stacked()
+        return self.head().stacked()
 
     @classmethod
     def load(cls, path: str) -> "MTP":
@@ -86,12 +75,12 @@ class MTP(Drafter):
                              f"{model.config.num_layers} layers")
 
     def params_for(self, model):
-        rows = lm_head_rows(model.params, nnx.merge(self.graph, self.state).d2t[...])
+        rows = lm_head_rows(model.params, self.head().d2t[...])
         return {"head": self.state, "embed": model.params["embed"], "norm": model.params["norm"], "rows": rows}
 
     def _head(self, params) -> dict:
         """The head's arrays, its modules kept apart (MTPHead.arrays)."""
-        return nnx.merge(self.graph, params["head"]).arrays()
+        return self.head(params).arrays()
 
     def _logits(self, params, h):
         return to_target_logits(self._head(params), mtp_logits(params["norm"], params["rows"], h,
