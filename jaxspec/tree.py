@@ -1,0 +1,83 @@
+"""Token trees for speculative decoding: the static shape, the attention mask, greedy acceptance.
+
+A tree of N draft nodes hangs below `last` (the newest emitted token, node "-1"): parents int32[B, N]
+gives each node's parent (-1: a child of `last`), tokens int32[B, N] its token, valid bool[B, N]
+which nodes exist (the budget N is static; unused nodes are masked). A parent always comes before
+its children (parents[b, i] < i). One target pass reads N + 1 inputs, [last, node 0, .., node N-1];
+input j attends to the cache and to its own ancestors only, at position length + depth.
+
+Greedy acceptance (as SpecInfer, Miao et al. 2024, and EAGLE-2, Li et al. 2024, verify a tree at
+temperature 0): a node is kept when its parent is kept (`last` is) and its token is the target's
+argmax after the parent; the emitted tokens are the deepest kept node's path and then the target's
+argmax after it. Along that path each token equals plain greedy decoding's, so the output does too.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """A tree shape: at most `budget` draft nodes N, at most `depth` D levels, `top_k` children
+    expanded per node (EAGLE-2's k)."""
+
+    budget: int = 32
+    depth: int = 5
+    top_k: int = 4
+
+    def __post_init__(self):
+        if not (1 <= self.depth <= self.budget and self.top_k >= 1):
+            raise ValueError(f"a tree needs 1 <= depth <= budget and top_k >= 1, got {self}")
+
+
+def ancestors(parents: jax.Array, depth: int) -> jax.Array:
+    """bool[B, N + 1, N + 1]: entry [b, i, j] is True when input j (0 = last, n + 1 = node n) is input
+    i or one of its ancestors. depth (static) bounds the number of parent hops."""
+    B, N = parents.shape
+    par = jnp.concatenate([jnp.full((B, 1), -1, parents.dtype), parents + 1], axis=1)   # inputs: last -> -1
+    par = jnp.where(jnp.arange(N + 1) == 0, -1, jnp.maximum(par, 0))                # node parent -1 -> last
+    rows = jnp.arange(B)[:, None]
+    node = jnp.broadcast_to(jnp.arange(N + 1), (B, N + 1))
+    mask = node[:, :, None] == jnp.arange(N + 1)[None, None]                     # self
+    for _ in range(depth):
+        node = jnp.where(node >= 0, par[rows, jnp.maximum(node, 0)], -1)
+        mask = mask | (node[:, :, None] == jnp.arange(N + 1)[None, None])
+    return mask
+
+
+def node_depths(parents: jax.Array, depth: int) -> jax.Array:
+    """int32[B, N + 1]: levels below `last` (0 for last itself, 1 for its children, ...)."""
+    return jnp.sum(ancestors(parents, depth), axis=-1).astype(jnp.int32) - 1
+
+
+def greedy_tree_accept(tokens: jax.Array, parents: jax.Array, valid: jax.Array, argmax: jax.Array, depth: int):
+    """Greedy acceptance on a tree. argmax int32[B, N + 1]: the target's argmax after each input
+    (index 0: after last). -> (num_accepted int32[B]: nodes on the kept path, path int32[B, depth]:
+    the kept nodes from the top (-1 past num_accepted), emitted int32[B, depth + 1]: their tokens
+    then the target's token after the deepest (-1 after it))."""
+    B, N = tokens.shape
+    if not 1 <= depth <= N:
+        raise ValueError(f"depth must lie in [1, N = {N}], got {depth}")
+    rows = jnp.arange(B)[:, None]
+    after_parent = argmax[rows, jnp.maximum(parents + 1, 0)]                     # the target's token there
+    matches = valid & (tokens == after_parent)
+    kept = matches
+    for _ in range(depth):                                                       # a kept node's parent is kept
+        parent_kept = jnp.where(parents >= 0, kept[rows, jnp.maximum(parents, 0)], True)
+        kept = matches & parent_kept
+    levels = node_depths(parents, depth)[:, 1:]                                  # [B, N]
+    score = jnp.where(kept, levels * (N + 1) + (N - jnp.arange(N)), 0)           # deepest, then first
+    best = jnp.argmax(score, axis=1)
+    n = jnp.where(jnp.any(kept, axis=1), levels[rows[:, 0], best], 0)
+    on_path = ancestors(parents, depth)[rows[:, 0], best + 1, 1:] & (n[:, None] > 0)   # [B, N]
+    order = jnp.where(on_path, levels, depth + 1)                                # path nodes sorted by level
+    path = jnp.argsort(order, axis=1, stable=True)[:, :depth].astype(jnp.int32)
+    path = jnp.where(jnp.arange(depth) < n[:, None], path, -1)
+    bonus = argmax[rows[:, 0], jnp.where(n > 0, best + 1, 0)]
+    path_tokens = jnp.where(path >= 0, tokens[rows, jnp.maximum(path, 0)], -1)
+    emitted = jnp.concatenate([path_tokens, jnp.full((B, 1), -1, jnp.int32)], axis=1)
+    emitted = emitted.at[jnp.arange(B), n].set(bonus)
+    return n.astype(jnp.int32), path, emitted
