@@ -57,3 +57,18 @@ def advance(cache: KVCache, num_tokens) -> KVCache:
 def rollback(cache: KVCache, length: jax.Array) -> KVCache:
     """Keep only the first length[b] slots of each row: a masked length change, nothing erased."""
     return cache._replace(length=jnp.asarray(length, jnp.int32))
+
+
+def keep_path(cache: KVCache, start: jax.Array, path: jax.Array) -> KVCache:
+    """After a tree pass wrote its inputs at slots start[b] + j (j = 0: `last`, j = 1 + i: node i), move
+    the kept path's entries, path int32[B, D] (node indices from the top, -1 past the kept ones), to
+    the slots right after `last`, start + 1 + level, in every layer; length = start + 1 + kept nodes.
+    The other nodes' slots lie past the length: dropped, never erased (jaxspec/tree.py)."""
+    B, D = path.shape
+    kept = jnp.sum(path >= 0, axis=1).astype(jnp.int32)
+    rows = jnp.arange(B)[:, None]
+    src = start[:, None] + 1 + jnp.maximum(path, 0)                            # [B, D]
+    dst = jnp.where(path >= 0, start[:, None] + 1 + jnp.arange(D), cache.capacity)   # out of range: dropped
+    k = cache.k.at[:, rows, dst].set(cache.k[:, rows, src], mode="drop")
+    v = cache.v.at[:, rows, dst].set(cache.v[:, rows, src], mode="drop")
+    return KVCache(k, v, start + 1 + kept)

@@ -74,3 +74,18 @@ def test_a_chain_is_a_tree_with_one_child_per_node():
     assert int(n[0]) == 2 and path[0].tolist() == [0, 1, -1] and emitted[0].tolist() == [5, 6, 7, -1]
     with pytest.raises(ValueError, match="depth <= budget"):
         Tree(budget=4, depth=6)
+
+
+def test_keep_path_moves_the_kept_nodes_behind_last_and_drops_the_rest():
+    from jaxspec.cache import KVCache, keep_path
+    L, B, S = 2, 2, 12
+    k = jnp.broadcast_to(jnp.arange(S, dtype=jnp.float32)[None, None, :, None, None], (L, B, S, 1, 1))
+    cache = KVCache(k, -k, jnp.asarray([9, 9]))
+    start = jnp.asarray([3, 5])                         # the slot of `last`; nodes from start + 1
+    path = jnp.asarray([[1, 3, 4], [0, -1, -1]])        # row 0 keeps nodes 1, 3, 4; row 1 node 0
+    out = keep_path(cache, start, path)
+    assert out.length.tolist() == [7, 7]
+    np.testing.assert_array_equal(out.k[1, 0, :7, 0, 0], [0, 1, 2, 3, 5, 7, 8])   # slots 4, 6, 7 moved up
+    np.testing.assert_array_equal(out.k[0, 1, :7, 0, 0], [0, 1, 2, 3, 4, 5, 6])   # node 0 already in place
+    np.testing.assert_array_equal(out.v, -out.k)
+    np.testing.assert_array_equal(out.k[:, 0, 7:], cache.k[:, 0, 7:])              # past the length: as it was
