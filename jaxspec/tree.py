@@ -53,6 +53,20 @@ def node_depths(parents: jax.Array, depth: int) -> jax.Array:
     return jnp.sum(ancestors(parents, depth), axis=-1).astype(jnp.int32) - 1
 
 
+def tree_inputs(length: jax.Array, parents: jax.Array, depth: int, capacity: int):
+    """The target pass over [last, node 0, .., node N-1] written at slots length[b] + j: -> (RoPE positions
+    int32[B, N + 1] = length + level, mask bool[B, N + 1, S]: the cache before the pass and the
+    input's own ancestors), as models.forward(tree=...) takes them."""
+    anc = ancestors(parents, depth)                                              # [B, N + 1, N + 1]
+    B, T = anc.shape[:2]
+    slot = jnp.arange(capacity, dtype=jnp.int32)[None, None, :]                  # [1, 1, S]
+    rel = slot - length[:, None, None]                                           # slot's input index
+    in_tree = jnp.take_along_axis(anc, jnp.clip(rel, 0, T - 1).repeat(T, axis=1), axis=2)
+    mask = (rel < 0) | ((rel < T) & in_tree)
+    rope = length[:, None] + node_depths(parents, depth)
+    return rope.astype(jnp.int32), mask
+
+
 def greedy_tree_accept(tokens: jax.Array, parents: jax.Array, valid: jax.Array, argmax: jax.Array, depth: int):
     """Greedy acceptance on a tree. argmax int32[B, N + 1]: the target's argmax after each input
     (index 0: after last). -> (num_accepted int32[B]: nodes on the kept path, path int32[B, depth]:

@@ -89,3 +89,37 @@ def test_keep_path_moves_the_kept_nodes_behind_last_and_drops_the_rest():
     np.testing.assert_array_equal(out.k[0, 1, :7, 0, 0], [0, 1, 2, 3, 4, 5, 6])   # node 0 already in place
     np.testing.assert_array_equal(out.v, -out.k)
     np.testing.assert_array_equal(out.k[:, 0, 7:], cache.k[:, 0, 7:])              # past the length: as it was
+
+
+def test_a_tree_pass_gives_each_node_the_logits_of_its_own_path():
+    """One target pass over [last, nodes] with tree_inputs: every node's logits equal a plain forward
+    over the prompt, last and that node's path (transformers-free, but against our causal forward)."""
+    from jaxspec.cache import init_cache, keep_path
+    from jaxspec.models import forward
+    from jaxspec.tree import tree_inputs
+
+    from .conftest import TINY, tiny_model
+    m, rng = tiny_model(), np.random.default_rng(3)
+    B, N, D, S = 2, 7, 7, 40
+    prompts = rng.integers(0, TINY.vocab_size, (B, 6))
+    lengths = np.array([6, 4])                                          # row 1: a shorter prompt
+    parents, _, tokens, _ = _random_trees(rng, B, N, TINY.vocab_size)
+    last = rng.integers(0, TINY.vocab_size, (B,))
+    cache = forward(m.params, jnp.asarray(prompts), init_cache(TINY, B, S), TINY)[2]
+    cache = cache._replace(length=jnp.asarray(lengths, jnp.int32))
+    inputs = jnp.concatenate([jnp.asarray(last)[:, None], jnp.asarray(tokens)], axis=1)
+    tree = tree_inputs(cache.length, jnp.asarray(parents), D, S)
+    logits, _, after = forward(m.params, inputs, cache, TINY, tree=tree)
+    for b in range(B):
+        for i in range(-1, N):
+            path = _path_of(parents[b], i) if i >= 0 else []
+            seq = list(prompts[b, :lengths[b]]) + [int(last[b])] + [int(tokens[b, j]) for j in path]
+            want = forward(m.params, jnp.asarray([seq]), init_cache(TINY, 1, S), TINY)[0][0, -1]
+            np.testing.assert_allclose(logits[b, i + 1], want, atol=1e-4, err_msg=f"row {b}, node {i}")
+    # keep the path to node N-1 of row 0: the cache then equals one built from that sequence
+    path = _path_of(parents[0], N - 1)
+    kept = keep_path(after, jnp.asarray(lengths), jnp.asarray([path + [-1] * (D - len(path))] * B))
+    seq = list(prompts[0, :6]) + [int(last[0])] + [int(tokens[0, j]) for j in path]
+    ref = forward(m.params, jnp.asarray([seq]), init_cache(TINY, 1, S), TINY)[2]
+    assert int(kept.length[0]) == len(seq)
+    np.testing.assert_allclose(kept.k[:, 0, :len(seq)], ref.k[:, 0, :len(seq)], atol=1e-5)

@@ -115,7 +115,7 @@ def _block(cfg: ModelConfig, x, cache: KVCache, p, layer, pos, cos, sin, mask, l
 
 
 def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
-                   hidden_layers: tuple[int, ...] = (), live=None):
+                   hidden_layers: tuple[int, ...] = (), live=None, tree=None):
     """Run T >= 1 new tokens per row through the decoder.
 
     tokens int32[B, T] are written at slots cache.length[b] + t. Returns
@@ -123,14 +123,22 @@ def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
     hidden_layers index the residual stream: 0 = embeddings, j = output of layer j (1..L).
     live (traced int32, optional): attention reads only the first `live` slots (attend_live); rows
     whose length + T exceeds it get wrong outputs, so pass the largest over the rows that matter.
+    tree (optional): (RoPE positions int32[B, T], mask bool[B, T, S]) for a token tree's pass
+    (jaxspec/tree.tree_inputs): the tokens are still written at slots length + t, but each sees only
+    the slots the mask allows, at its depth's position. Not with live.
     """
     B, T = tokens.shape
     for j in hidden_layers:
         if not 0 <= j <= cfg.num_layers:
             raise ValueError(f"hidden layer {j} outside [0, {cfg.num_layers}]")
     pos = positions(cache, T)
-    mask = attention_mask(pos, cache.capacity)
-    cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta)
+    if tree is None:
+        mask, rope_pos = attention_mask(pos, cache.capacity), pos
+    elif live is not None:
+        raise ValueError("a tree pass reads every slot (live must be None)")
+    else:
+        rope_pos, mask = tree
+    cos, sin = rope_angles(rope_pos, cfg.head_dim, cfg.rope_theta)
     x = params["embed"][tokens]
     collect = bool(hidden_layers)
 
@@ -195,9 +203,9 @@ def lm_head_rows(params, ids: jax.Array) -> jax.Array:
 
 
 def forward(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
-            hidden_layers: tuple[int, ...] = (), live=None):
+            hidden_layers: tuple[int, ...] = (), live=None, tree=None):
     """forward(params, tokens[B,T], cache) -> (logits float32[B,T,V], hidden [N,B,T,E], cache)."""
-    x, hidden, cache = forward_hidden(params, tokens, cache, cfg, hidden_layers, live)
+    x, hidden, cache = forward_hidden(params, tokens, cache, cfg, hidden_layers, live, tree)
     return lm_head(params, x), hidden, cache
 
 
