@@ -95,3 +95,18 @@ def greedy_tree_accept(tokens: jax.Array, parents: jax.Array, valid: jax.Array, 
     emitted = jnp.concatenate([path_tokens, jnp.full((B, 1), -1, jnp.int32)], axis=1)
     emitted = emitted.at[jnp.arange(B), n].set(bonus)
     return n.astype(jnp.int32), path, emitted
+
+
+def verify_tree_greedy(params, cfg, cache, last: jax.Array, tokens: jax.Array, parents: jax.Array,
+                       valid: jax.Array, depth: int):
+    """One greedy target pass over a tree below `last` int32[B] (slot cache.length): -> (num_accepted
+    int32[B], emitted int32[B, depth + 1] (-1 past num_accepted + 1), the cache holding last and the
+    kept path, hidden-free). The emitted tokens are plain greedy decoding's next num_accepted + 1."""
+    from .cache import keep_path
+    from .models import forward
+
+    start = cache.length
+    inputs = jnp.concatenate([last[:, None], tokens], axis=1)                   # [B, N + 1]
+    logits, _, cache = forward(params, inputs, cache, cfg, tree=tree_inputs(start, parents, depth, cache.capacity))
+    n, path, emitted = greedy_tree_accept(tokens, parents, valid, jnp.argmax(logits, -1).astype(jnp.int32), depth)
+    return n, emitted, keep_path(cache, start, path)

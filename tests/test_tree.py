@@ -123,3 +123,32 @@ def test_a_tree_pass_gives_each_node_the_logits_of_its_own_path():
     ref = forward(m.params, jnp.asarray([seq]), init_cache(TINY, 1, S), TINY)[2]
     assert int(kept.length[0]) == len(seq)
     np.testing.assert_allclose(kept.k[:, 0, :len(seq)], ref.k[:, 0, :len(seq)], atol=1e-5)
+
+
+def test_greedy_tree_verification_emits_what_plain_greedy_decoding_does():
+    """Any tree, random or holding the greedy continuation: the emitted tokens are the next
+    num_accepted + 1 tokens of plain greedy decoding, and decoding on from the kept cache stays equal."""
+    import jaxspec
+    from jaxspec.cache import init_cache
+    from jaxspec.models import forward
+    from jaxspec.tree import verify_tree_greedy
+
+    from .conftest import TINY, tiny_model
+    m, rng = tiny_model(), np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(0, TINY.vocab_size, 5)]
+    plain = jaxspec.generate(m, [prompt], max_new_tokens=12).tokens[0]
+    N = 8
+    parents, valid, tokens, _ = _random_trees(rng, 1, N, TINY.vocab_size)   # depth up to N
+    greedy_chain = np.array([[-1, 0, 1, 2, -1, 4, 0, 6]])                   # nodes 0-3: plain's tokens 2-5
+    greedy_tokens = np.array([[plain[1], plain[2], plain[3], plain[4], 7, 8, 9, 10]])
+    cases = ((parents, tokens, valid, N, None), (greedy_chain, greedy_tokens, np.ones((1, N), bool), 4, 4))
+    for par, tok, val, D, want_n in cases:
+        cache = forward(m.params, jnp.asarray([prompt]), init_cache(TINY, 1, 32), TINY)[2]   # last = plain[0]
+        n, emitted, cache = verify_tree_greedy(m.params, TINY, cache, jnp.asarray([plain[0]]), jnp.asarray(tok),
+                                               jnp.asarray(par), jnp.asarray(val), D)
+        k = int(n[0])
+        assert want_n is None or k == want_n
+        assert emitted[0, :k + 1].tolist() == plain[1:k + 2]
+        assert int(cache.length[0]) == len(prompt) + 1 + k
+        nxt = forward(m.params, jnp.asarray([[int(emitted[0, k])]]), cache, TINY)[0]   # decode on from there
+        assert int(jnp.argmax(nxt[0, -1])) == plain[k + 2]
