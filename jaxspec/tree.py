@@ -110,3 +110,51 @@ def verify_tree_greedy(params, cfg, cache, last: jax.Array, tokens: jax.Array, p
     logits, _, cache = forward(params, inputs, cache, cfg, tree=tree_inputs(start, parents, depth, cache.capacity))
     n, path, emitted = greedy_tree_accept(tokens, parents, valid, jnp.argmax(logits, -1).astype(jnp.int32), depth)
     return n, emitted, keep_path(cache, start, path)
+
+
+def _sampled_row(tokens, parents, valid, p, key, depth: int):
+    """One row of sampled_tree_accept: tokens, parents int32[N], valid bool[N], p [N + 1, V]."""
+    N = tokens.shape[0]
+
+    def level(_, carry):
+        cur, stopped, n, path, out, key = carry
+        key, k_try, k_draw = jax.random.split(key, 3)
+        u = jax.random.uniform(k_try, (N,))
+
+        def try_child(i, c):                       # child i of cur, tried in index order
+            residual, taken = c
+            is_child = valid[i] & (parents[i] + 1 == cur) & (taken < 0)
+            keep = is_child & (u[i] * jnp.sum(residual) < residual[tokens[i]])   # u < p'(c) of the normed p'
+            residual = jnp.where(is_child & ~keep, residual.at[tokens[i]].set(0.0), residual)
+            return residual, jnp.where(keep, i, taken)
+
+        residual, taken = jax.lax.fori_loop(0, N, try_child, (p[cur], jnp.int32(-1)))
+        live = ~stopped
+        drawn = jax.random.categorical(k_draw, jnp.log(residual)).astype(jnp.int32)
+        token = jnp.where(taken >= 0, tokens[jnp.maximum(taken, 0)], drawn)
+        out = jnp.where(live, out.at[n].set(token), out)
+        path = jnp.where(live & (taken >= 0), path.at[n].set(taken), path)
+        n_next = jnp.where(live & (taken >= 0), n + 1, n)
+        return (jnp.where(live & (taken >= 0), taken + 1, cur), stopped | (taken < 0), n_next, path, out, key)
+
+    init = (jnp.int32(0), jnp.bool_(False), jnp.int32(0), jnp.full((depth,), -1, jnp.int32),
+            jnp.full((depth + 1,), -1, jnp.int32), key)
+    _, _, n, path, out, _ = jax.lax.fori_loop(0, depth + 1, level, init)
+    return n, path, out
+
+
+def sampled_tree_accept(tokens, parents, valid, target_probs, key, depth: int):
+    """Lossless acceptance on a tree of deterministic children (the top-k children of EAGLE-2 style
+    drafting; SpecInfer, Miao et al. 2024, multi-round rejection with one-hot drafts). Walk down from
+    `last`: at a node with target distribution p, start from p' = p and try its children c in index
+    order; accept c with probability p'(c) (normalised), else set p'(c) = 0 and renormalise; when no
+    child is accepted, emit a draw from p' and stop. The token emitted at a node is distributed as p:
+    P(first child) = p(c1); after rejecting c1, p' is p conditioned on not c1, so P(c2) = (1 - p(c1))
+    p(c2) / (1 - p(c1)) = p(c2), and so on; the final draw gives every other token p(x). Each emitted
+    token is thus a sample of the target given the tokens before it: the sequence has the target's law.
+    tokens, parents int32[B, N]; valid bool[B, N]; target_probs [B, N + 1, V] (input 0: after last).
+    -> (num_accepted int32[B], path int32[B, depth], emitted int32[B, depth + 1]) as greedy_tree_accept.
+    Children of one node must carry distinct tokens."""
+    keys = jax.random.split(key, tokens.shape[0])
+    return jax.vmap(lambda t, par, v, p, k: _sampled_row(t, par, v, p, k, depth))(
+        tokens, parents, valid, target_probs, keys)

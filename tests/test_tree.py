@@ -152,3 +152,46 @@ def test_greedy_tree_verification_emits_what_plain_greedy_decoding_does():
         assert int(cache.length[0]) == len(prompt) + 1 + k
         nxt = forward(m.params, jnp.asarray([[int(emitted[0, k])]]), cache, TINY)[0]   # decode on from there
         assert int(jnp.argmax(nxt[0, -1])) == plain[k + 2]
+
+
+def test_sampled_tree_acceptance_keeps_the_target_law_of_two_tokens():
+    """A fixed tree of deterministic children below `last` on a tiny target (V = 8): the first two
+    emitted tokens (the second drawn from the exact conditional when the step emits one) follow the
+    target's exact joint law, while the tree's own guesses are accepted often."""
+    from scipy import stats
+
+    from jaxspec.cache import init_cache
+    from jaxspec.config import ModelConfig
+    from jaxspec.models import forward
+    from jaxspec.tree import sampled_tree_accept, tree_inputs
+
+    from .conftest import tiny_model
+    V8 = ModelConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                     num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    m, prompt, rows = tiny_model(V8, seed=2, scale=0.8), [1, 5, 2], 24_000
+    probs = lambda seq: np.asarray(jax.nn.softmax(forward(m.params, jnp.asarray([seq]), init_cache(V8, 1, 16),
+                                                          V8)[0][0, -1]), np.float64)
+    p1 = probs(prompt)                                        # `last` = prompt[-1], not yet cached: x1 ~ p1
+    p2 = np.stack([probs(prompt + [x]) for x in range(8)])   # p(x2 | x1)
+    parents = np.array([[-1, -1, -1, 0, 0, 2]])
+    top = lambda p, r: int(np.argsort(p)[-1 - r])
+    a, b = top(p1, 0), top(p1, 1)             # level 1: the three likeliest; below a: its two likeliest
+    tokens = np.array([[a, b, top(p1, 2), top(p2[a], 0), top(p2[a], 1), 7]])
+    cache = forward(m.params, jnp.asarray([prompt[:-1]]), init_cache(V8, 1, 16), V8)[2]
+    tree = tree_inputs(cache.length, jnp.asarray(parents), 2, 16)
+    logits = forward(m.params, jnp.asarray([[prompt[-1]] + tokens[0].tolist()]), cache, V8, tree=tree)[0]
+    target = jnp.broadcast_to(jax.nn.softmax(logits, -1), (rows,) + logits.shape[1:])
+    n, _, emitted = jax.jit(sampled_tree_accept, static_argnums=5)(
+        jnp.broadcast_to(jnp.asarray(tokens), (rows, 6)), jnp.broadcast_to(jnp.asarray(parents), (rows, 6)),
+        jnp.ones((rows, 6), bool), target, jax.random.PRNGKey(0), 2)
+    n, emitted = np.asarray(n), np.asarray(emitted)
+    rng = np.random.default_rng(1)
+    x1 = emitted[:, 0]
+    x2 = np.where(n >= 1, emitted[:, 1], [rng.choice(8, p=p2[x] / p2[x].sum()) for x in x1])
+    exact = (p1[:, None] * p2).reshape(-1)
+    counts = np.bincount(x1 * 8 + x2, minlength=64)
+    keep = exact * rows >= 5
+    pvalue = stats.chisquare(counts[keep], exact[keep] / exact[keep].sum() * counts[keep].sum()).pvalue
+    tvd = 0.5 * np.abs(counts / rows - exact).sum()
+    assert pvalue > 1e-3 and tvd < 0.03, (pvalue, tvd)
+    assert 0.3 < (n >= 1).mean() and (n == 2).mean() > 0.02, np.bincount(n)   # the tree does get used
