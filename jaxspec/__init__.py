@@ -4,6 +4,7 @@ from .generation import GenerateOutput, Stats, generate
 from .loading import load
 from .model import Model
 from .sampling import Sampling
+from .tree import Tree
 
-__all__ = ["ModelConfig", "Model", "load", "generate", "GenerateOutput", "Stats", "Sampling"]
+__all__ = ["ModelConfig", "Model", "load", "generate", "GenerateOutput", "Stats", "Sampling", "Tree"]
 __version__ = "0.1.0"

@@ -22,10 +22,12 @@ import numpy as np
 from . import paths
 from .cache import rollback
 from .decode.batch import live_slots
-from .decode.speculative import spec_step
+from .decode.speculative import spec_step, tree_step
 from .drafters.base import Context
 from .models import forward
+from .policy import arm_length
 from .sampling import sample_tokens
+from .tree import Tree
 
 _COSTS: dict = {}     # key -> measured costs, for the life of the process
 COSTS_FILE = "step_costs.json"
@@ -87,7 +89,7 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, round
     timing or rounds[1]: at batch 1 (30 ms steps) 15 rounds put EAGLE's K = 3 anywhere in
     1.68-1.98 from one measurement to the next, 45 rounds in 1.68-1.81. K = 0, 1 and the largest K
     are measured; K in between is interpolated linearly (drafting and verifying grow about linearly
-    in K), which saves a compilation per K.
+    in K), which saves a compilation per K. A Tree in ks is measured as it is.
     -> {"costs": float32[len(ks)], "errors": float32[len(ks)] (their standard errors), "plain_seconds":
     float, "seconds": time spent here}."""
     if key in _COSTS:
@@ -97,7 +99,8 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, round
         _COSTS[key] = kept
         return {**kept, "seconds": 0.0}
     start = time.perf_counter()
-    ends = sorted({k for k in ks if k <= 1} | {max(ks)})
+    chains = [k for k in ks if not isinstance(k, Tree)]
+    ends = sorted({k for k in chains if k <= 1} | {max(chains)}) + [k for k in ks if isinstance(k, Tree)]
     args = list(make_args())
 
     def seconds(fn) -> float:
@@ -118,7 +121,7 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, round
         plains.append(seconds(plain_fn))
         for k, fn in spec_fns.items():
             ratios[k].append(seconds(fn) / plains[-1])
-    pos = [k for k in ends if k > 0]
+    pos = [k for k in ends if not isinstance(k, Tree) and k > 0]
     per_k = lambda timed: np.asarray([timed[k] if k in timed else np.interp(k, pos, [timed[j] for j in pos])
                                       for k in ks], np.float32)
     # standard error of a median: sqrt(pi / 2) times that of a mean
@@ -141,7 +144,7 @@ def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attent
     a plain target step, on a cache filled to the prompt lengths (measured at the first cache size
     seen; the ratios move little with it)."""
     cfg, params = model.config, model.params
-    B, P = tokens.shape[0], max(ks) + 1
+    B, P = tokens.shape[0], max(arm_length(k) for k in ks) + 1
 
     def make_args():                                    # only when this key has not been measured yet
         dparams = drafter.params_for(model)
@@ -166,12 +169,18 @@ def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attent
         return (cache, dstate), sample_tokens(key, logits, ctx.sampling)
 
     def spec(k):
-        step = functools.partial(spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
+        if isinstance(k, Tree):
+            step = functools.partial(tree_step, cfg=cfg, drafter=drafter, tree=k, width=P)
+        else:
+            step = functools.partial(spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
 
         def timed(params, dparams, cache, dstate, ctx, key):
             cache = rollback(cache, ctx.history_len - 1)
-            live = live_slots(cache, jnp.zeros((B,), bool), k + 1, live_attention)
-            n, emitted, cache, dstate, hidden = step(params, dparams, cache, dstate, ctx, key, live)
+            if isinstance(k, Tree):
+                n, emitted, cache, dstate, hidden = step(params, dparams, cache, dstate, ctx, key)
+            else:
+                live = live_slots(cache, jnp.zeros((B,), bool), k + 1, live_attention)
+                n, emitted, cache, dstate, hidden = step(params, dparams, cache, dstate, ctx, key, live)
             return (cache, dstate), (n, emitted, hidden)
         return timed
 

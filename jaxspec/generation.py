@@ -19,13 +19,14 @@ from . import policy
 from .config import ModelConfig
 from .costs import step_costs
 from .decode.batch import (LIVE_ATTENTION_MIN_BATCH, check_capacity, check_drafter, check_limits, check_prompts,
-                           padded_batch)
+                           check_tree, padded_batch, tree_slots)
 from .decode.plain import autoregressive
 from .decode.prefill import prefill
 from .decode.programs import compiled
 from .decode.speculative import speculative
 from .drafters.base import Drafter
 from .sampling import Sampling, SamplingArg, row_params
+from .tree import Tree
 
 
 @dataclasses.dataclass
@@ -38,13 +39,14 @@ class Stats:
     mean_accepted_length: float = 1.0      # 1 + accepted / steps (counts the bonus token)
     acceptance_rate: Optional[float] = None
     per_position_acceptance: list = dataclasses.field(default_factory=list)  # kept / drafted, per position
-    steps_per_k: dict = dataclasses.field(default_factory=dict)  # adaptive: loop steps that used each K
-    step_costs: dict = dataclasses.field(default_factory=dict)   # adaptive: K -> measured cost, plain steps
+    steps_per_k: dict = dataclasses.field(default_factory=dict)  # adaptive: loop steps that used each K ("tree": the tree)
+    step_costs: dict = dataclasses.field(default_factory=dict)   # adaptive: K or "tree" -> measured cost, plain steps
     prefill_seconds: float = 0.0           # the prompts' pass, up to the first token of every row
     decode_seconds: float = 0.0            # the loop after it
     decode_tokens: int = 0                 # the tokens it made: new_tokens less each row's first
     decode_tokens_per_second: float = float("nan")   # decode_tokens / decode_seconds
     decoded_plainly: bool = False          # adaptive: a drafter was given but no K was expected to pay
+    tree: Optional[dict] = None            # generate(tree=...): the shape offered (budget, depth, top_k)
 
 
 @dataclasses.dataclass
@@ -54,9 +56,15 @@ class GenerateOutput:
     stats: Stats
 
 
+def arm_key(arm):
+    """How stats and step_costs name an arm: its K, or "tree"."""
+    return "tree" if isinstance(arm, Tree) else int(arm)
+
+
 def _pinned(pinned: dict, ks: tuple) -> dict:
-    """generate(step_costs=...) as measure_costs' result; ValueError unless it gives every K in ks."""
-    pinned = {int(k): v for k, v in pinned.items()}           # keys may be strings (read back from JSON)
+    """generate(step_costs=...) as measure_costs' result; ValueError unless it gives every arm in ks."""
+    pinned = {(k if k == "tree" else int(k)): v for k, v in pinned.items()}   # keys may be strings (JSON)
+    ks = [arm_key(arm) for arm in ks]
     missing = [k for k in ks if k not in pinned]
     if missing:
         raise ValueError(f"step_costs must give the cost of every candidate K {list(ks)} (in plain steps); "
@@ -75,10 +83,10 @@ def _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention, 
     costs = measured["costs"]
     if not policy.speculation_can_pay(ks, costs, drafter.prior_acceptance, measured["errors"]):
         warnings.warn(f"{type(drafter).__name__}: no draft length is expected to pay at these step costs "
-                      f"({', '.join(f'K={k}: {c:.2f}' for k, c in zip(ks, costs))} plain steps) and prior "
+                      f"({', '.join(f'K={arm_key(k)}: {c:.2f}' for k, c in zip(ks, costs))} plain steps) and prior "
                       "acceptance; decoding plainly (out.stats.decoded_plainly)", stacklevel=3)
         drafter = None
-    return drafter, costs, measured["seconds"], {k: float(c) for k, c in zip(ks, costs)}
+    return drafter, costs, measured["seconds"], {arm_key(k): float(c) for k, c in zip(ks, costs)}
 
 
 def _loop(model, drafter, ks, costs, tokens, lengths, limits, cache, params_s, eos_ids, key, N, live_attention):
@@ -116,13 +124,13 @@ def _acceptance(stats: Stats, acc, ks, adaptive: bool) -> None:
     stats.acceptance_rate = int(acc.accepted) / max(int(acc.drafted), 1)
     stats.per_position_acceptance = (acc.per_position / np.maximum(acc.drafted_per_position, 1)).tolist()
     if adaptive:
-        stats.steps_per_k = {k: int(c) for k, c in zip(ks, acc.k_steps)}
+        stats.steps_per_k = {arm_key(k): int(c) for k, c in zip(ks, acc.k_steps)}
 
 
 def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
              sampling: SamplingArg = Sampling(), drafter: Optional[Drafter] = None, num_draft_tokens: int = 5,
              seed: int = 0, max_cache_len: Optional[int] = None, adaptive: bool = True,
-             step_costs: Optional[dict] = None) -> GenerateOutput:
+             step_costs: Optional[dict] = None, tree: Optional[Tree] = None) -> GenerateOutput:
     """Generate up to max_new_tokens per prompt (token-id lists) with the target `model`.
 
     drafter=None is plain autoregressive decoding; with a drafter every step proposes up to
@@ -134,21 +142,26 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
     warning, stats.decoded_plainly). Measured costs are kept in a file and reused by later runs on
     the machine (jaxspec/costs.py), so seeded runs repeat; step_costs={K: cost in plain steps} for
     every K in policy.candidates(K) pins them instead (out.stats.step_costs of an earlier run).
-    adaptive=False: K fixed. Returns tokens, texts and stats.
+    adaptive=False: K fixed. tree=jaxspec.Tree(budget, depth, top_k): the drafter may also draft a
+    token tree, verified in one pass (jaxspec/tree.py); adaptive, the policy weighs it against the
+    chains at its measured cost; adaptive=False, every step is a tree step. Returns tokens, texts and stats.
     """
     cfg: ModelConfig = model.config
     K = check_drafter(drafter, num_draft_tokens, model) if drafter is not None else 0
+    check_tree(tree, drafter)
     rows = check_prompts(prompts, cfg.vocab_size)
     B = len(rows)
     limits = check_limits(max_new_tokens, B)
     params_s = row_params(sampling, B)
-    extra = K + 1 if drafter is not None else 0
+    extra = (K + 1 if drafter is not None else 0) if tree is None else max(K + 1, tree_slots(tree))
     check_capacity(rows, limits, extra, cfg.max_position_embeddings if max_cache_len is None else int(max_cache_len))
     eos_ids = jnp.asarray(list(getattr(model.tokenizer, "eos_token_ids", ()) or ()) or [-1], jnp.int32)
     tokens, lengths, cache, N = padded_batch(model, rows, int(limits.max()), extra)
     tokens, limits, key = jnp.asarray(tokens), jnp.asarray(limits), jax.random.PRNGKey(seed)
     live_attention = B >= LIVE_ATTENTION_MIN_BATCH
     ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
+    if tree is not None:
+        ks = ks + (tree,) if adaptive else (tree,)
     costs, cost_s, measured, plainly = np.ones((len(ks),), np.float32), 0.0, {}, False
     if drafter is not None and adaptive:
         drafter, costs, cost_s, measured = _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention,
@@ -163,7 +176,8 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
                   compile_seconds=compile_s + cost_s, new_tokens=total, target_steps=int(result[2]),
                   prefill_seconds=prefill_s, decode_seconds=decode_s, decode_tokens=total - B,
                   decode_tokens_per_second=(total - B) / decode_s if decode_s > 0 else float("nan"),
-                  step_costs=measured, decoded_plainly=plainly, steps_per_k={0: int(result[2])} if plainly else {})
+                  step_costs=measured, decoded_plainly=plainly, steps_per_k={0: int(result[2])} if plainly else {},
+                  tree=dataclasses.asdict(tree) if tree is not None else None)
     if drafter is not None:
         _acceptance(stats, result[3], ks, adaptive)
     texts = [model.tokenizer.decode(t) for t in new] if model.tokenizer is not None else [""] * B

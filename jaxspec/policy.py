@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .analysis import expected_tokens
+from .tree import Tree
 
 DECAY = 0.95                # weight of a context's past evidence, per new observation of it
 PRIOR_TRIALS = 2.0          # weight of the prior, in drafts
@@ -44,24 +45,45 @@ class Estimate(NamedTuple):
     accepted: jax.Array     # float32[C]: decayed accepted drafts per context
     trials: jax.Array       # float32[C]: decayed drafts tested (up to and including the first rejection)
     plain_run: jax.Array    # int32: consecutive K = 0 steps
+    tree_tokens: jax.Array  # float32[C]: decayed tokens emitted by tree steps
+    tree_steps: jax.Array   # float32[C]: decayed tree steps
 
 
 def init_estimate(prior) -> Estimate:
     """prior float32[C]: assumed acceptance per context before any evidence (weight PRIOR_TRIALS)."""
     prior = jnp.asarray(prior, jnp.float32)
-    return Estimate(prior * PRIOR_TRIALS, jnp.full_like(prior, PRIOR_TRIALS), jnp.int32(0))
+    zeros = jnp.zeros_like(prior)
+    return Estimate(prior * PRIOR_TRIALS, jnp.full_like(prior, PRIOR_TRIALS), jnp.int32(0), zeros, zeros)
+
+
+def arm_length(arm) -> int:
+    """The most drafts one step of an arm can keep: K for a chain, the depth for a Tree."""
+    return arm.depth if isinstance(arm, Tree) else int(arm)
+
+
+def expected_per_arm(est: Estimate, ks: tuple, a: jax.Array, context: jax.Array) -> jax.Array:
+    """float32[B, len(ks)]: expected tokens per step of each arm (chain K or Tree) for rows of
+    acceptance a [B]. A chain's is Leviathan et al.'s (1 - a^(K+1)) / (1 - a); a tree's is the
+    decayed mean of its own steps, and at least the chain's of its depth (the tree holds the
+    drafter's likeliest path, EAGLE-2 / tree.grow_tree), which is all there is before a tree step."""
+    k = jnp.asarray([arm_length(arm) for arm in ks], jnp.float32)
+    per_row = expected_tokens(jnp.clip(a, 0.0, A_MAX)[:, None], k[None])
+    seen = est.tree_tokens[context] / jnp.maximum(est.tree_steps[context], 1e-6)   # [B]
+    is_tree = jnp.asarray([isinstance(arm, Tree) for arm in ks])
+    return jnp.where(is_tree[None] & (est.tree_steps[context] > 0)[:, None], jnp.maximum(per_row, seen[:, None]),
+                     per_row)
 
 
 def choose(est: Estimate, ks: tuple, costs: jax.Array, context: jax.Array, active: jax.Array) -> jax.Array:
-    """Index into ks of the K for this step. costs float32[len(ks)]: c_K in plain steps; context
-    int32[B]: each row's drafter context; active bool[B]: rows still generating.
+    """Index into ks of the arm for this step: a chain's K (int) or a Tree. costs float32[len(ks)]:
+    each arm's step cost in plain steps; context int32[B]: each row's drafter context; active bool[B]:
+    rows still generating.
 
-    The batch finishes when its last row does, so a step is judged by its worst active row: the K
+    The batch finishes when its last row does, so a step is judged by its worst active row: the arm
     that maximises that row's expected tokens per cost. Summing over rows instead let rows with long
     NGram matches buy K > 0 steps that slowed the rows without one (batch 16: 0.9x plain)."""
     a = est.accepted[context] / est.trials[context]                              # [B]
-    k = jnp.asarray(ks, jnp.float32)
-    per_row = jnp.where(active[:, None], expected_tokens(jnp.clip(a, 0.0, A_MAX)[:, None], k[None]), jnp.inf)   # [B, len(ks)]
+    per_row = jnp.where(active[:, None], expected_per_arm(est, ks, a, context), jnp.inf)   # [B, len(ks)]
     tokens = jnp.where(jnp.any(active), per_row.min(0), 1.0)                    # [len(ks)]
     rate = tokens / costs
     best = jnp.argmax(rate).astype(jnp.int32)
@@ -88,6 +110,16 @@ def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Arr
     return est._replace(accepted=acc, trials=trials, plain_run=jnp.where(K == 0, est.plain_run + 1, 0))
 
 
+def update_tree(est: Estimate, num_accepted: jax.Array, active: jax.Array, context: jax.Array) -> Estimate:
+    """Fold in one tree step: its tokens (num_accepted + 1) per active row, by context."""
+    zeros = jnp.zeros_like(est.tree_tokens)
+    seen = zeros.at[context].add(active.astype(jnp.float32)) > 0
+    tokens = jnp.where(seen, DECAY * est.tree_tokens, est.tree_tokens) + \
+        zeros.at[context].add(jnp.where(active, num_accepted + 1, 0).astype(jnp.float32))
+    steps = jnp.where(seen, DECAY * est.tree_steps, est.tree_steps) + zeros.at[context].add(active.astype(jnp.float32))
+    return est._replace(tree_tokens=tokens, tree_steps=steps, plain_run=jnp.int32(0))
+
+
 def speculation_can_pay(ks: tuple, costs, prior, errors=None) -> bool:
     """Whether to run the adaptive loop at all (costs float32[len(ks)], prior float32[C], e.g. a
     head's held-out acceptance; errors float32[len(ks)]: the costs' standard errors). True when, for
@@ -99,6 +131,8 @@ def speculation_can_pay(ks: tuple, costs, prior, errors=None) -> bool:
     lost 8-17% (docs in README, Measured)."""
     prior, costs = np.asarray(prior, np.float32), np.asarray(costs, np.float32)
     errors = np.zeros_like(costs) if errors is None else np.asarray(errors, np.float32)
-    pays = lambda a: any(k > 0 and float(np.max(expected_tokens(np.clip(a, 0.0, A_MAX), k))) / c > 1.0 for k, c in zip(ks, costs))
+    lengths = [arm_length(arm) for arm in ks]
+    pays = lambda a: any(k > 0 and float(np.max(expected_tokens(np.clip(a, 0.0, A_MAX), k))) / c > 1.0
+                         for k, c in zip(lengths, costs))
     cheap_wait = ks[0] == 0 and costs[0] - 2.0 * errors[0] <= 1.0 + SYNC_TOLERANCE
     return pays(prior) or (cheap_wait and pays(np.ones_like(prior)))

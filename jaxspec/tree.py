@@ -112,8 +112,8 @@ def verify_tree_greedy(params, cfg, cache, last: jax.Array, tokens: jax.Array, p
     return n, emitted, keep_path(cache, start, path)
 
 
-def _sampled_row(tokens, parents, valid, p, key, depth: int):
-    """One row of sampled_tree_accept: tokens, parents int32[N], valid bool[N], p [N + 1, V]."""
+def _sampled_row(tokens, parents, valid, p, q, key, depth: int):
+    """One row of sampled_tree_accept: tokens, parents int32[N], valid bool[N], p [N + 1, V], q [N, V]."""
     N = tokens.shape[0]
 
     def level(_, carry):
@@ -122,13 +122,16 @@ def _sampled_row(tokens, parents, valid, p, key, depth: int):
         u = jax.random.uniform(k_try, (N,))
 
         def try_child(i, c):                       # child i of cur, tried in index order
-            residual, taken = c
+            residual, taken = c                    # residual: p' unnormalised
             is_child = valid[i] & (parents[i] + 1 == cur) & (taken < 0)
-            keep = is_child & (u[i] * jnp.sum(residual) < residual[tokens[i]])   # u < p'(c) of the normed p'
-            residual = jnp.where(is_child & ~keep, residual.at[tokens[i]].set(0.0), residual)
+            mass = jnp.sum(residual)
+            keep = is_child & (u[i] * q[i, tokens[i]] * mass < residual[tokens[i]])   # u < p'(c) / q_i(c)
+            rest = jnp.maximum(residual / jnp.where(mass > 0, mass, 1.0) - q[i], 0.0)  # norm(p' - q_i)+
+            residual = jnp.where(is_child & ~keep, rest, residual)
             return residual, jnp.where(keep, i, taken)
 
         residual, taken = jax.lax.fori_loop(0, N, try_child, (p[cur], jnp.int32(-1)))
+        residual = jnp.where(jnp.sum(residual) > 0, residual, p[cur])      # p' = q_i exactly: never rejected
         live = ~stopped
         drawn = jax.random.categorical(k_draw, jnp.log(residual)).astype(jnp.int32)
         token = jnp.where(taken >= 0, tokens[jnp.maximum(taken, 0)], drawn)
@@ -143,18 +146,111 @@ def _sampled_row(tokens, parents, valid, p, key, depth: int):
     return n, path, out
 
 
-def sampled_tree_accept(tokens, parents, valid, target_probs, key, depth: int):
-    """Lossless acceptance on a tree of deterministic children (the top-k children of EAGLE-2 style
-    drafting; SpecInfer, Miao et al. 2024, multi-round rejection with one-hot drafts). Walk down from
-    `last`: at a node with target distribution p, start from p' = p and try its children c in index
-    order; accept c with probability p'(c) (normalised), else set p'(c) = 0 and renormalise; when no
-    child is accepted, emit a draw from p' and stop. The token emitted at a node is distributed as p:
-    P(first child) = p(c1); after rejecting c1, p' is p conditioned on not c1, so P(c2) = (1 - p(c1))
-    p(c2) / (1 - p(c1)) = p(c2), and so on; the final draw gives every other token p(x). Each emitted
-    token is thus a sample of the target given the tokens before it: the sequence has the target's law.
-    tokens, parents int32[B, N]; valid bool[B, N]; target_probs [B, N + 1, V] (input 0: after last).
-    -> (num_accepted int32[B], path int32[B, depth], emitted int32[B, depth + 1]) as greedy_tree_accept.
-    Children of one node must carry distinct tokens."""
-    keys = jax.random.split(key, tokens.shape[0])
-    return jax.vmap(lambda t, par, v, p, k: _sampled_row(t, par, v, p, k, depth))(
-        tokens, parents, valid, target_probs, keys)
+def sampled_tree_accept(tokens, parents, valid, target_probs, key, depth: int, draft_probs=None):
+    """Lossless acceptance on a tree: recursive rejection sampling (Jeon et al. 2024, "Recursive
+    Speculative Decoding"; with one-hot drafts, SpecInfer's multi-round rejection, Miao et al. 2024).
+
+    Walk down from `last`. At a node with target distribution p, start from p' = p and try its
+    children c_1, c_2, .. in index order, child i drawn from q_i given the siblings tried before it
+    (draft_probs: q_i = q with those siblings removed, renormalised, when the children are drawn
+    without replacement from q; None: deterministic children, q_i one-hot on c_i). Accept c_i with
+    probability min(1, p'(c_i) / q_i(c_i)); on rejection p' <- norm(max(0, p' - q_i)). When every
+    child is rejected, emit a draw from p' and stop.
+
+    Why the emitted token x is distributed as p: by the single-draft argument of Leviathan et al.
+    2023 (Thm. 1), trying one draft c ~ q against p' gives P(accept c = x) = min(p'(x), q(x)) and on
+    rejection leaves norm(max(0, p' - q)) as the law of what must still come out; so "accept c_1, else
+    continue with the residual" emits x with probability p(x) as long as the rest of the node emits
+    from the residual. c_2 is drawn from q_2 independently of the target's randomness given c_1,
+    so the same argument applies to the residual, and so on down to the final draw. For one-hot
+    q_i: accept c with probability p'(c), else set p'(c) = 0 and renormalise. Each emitted token is
+    thus a target sample given the tokens before it, and the sequence has the target's joint law.
+    The set of children may be chosen in any way that does not look at the target; with drawn
+    children it must not depend on what was drawn (a fixed shape), or the q_i no longer describe them.
+
+    tokens, parents int32[B, N]; valid bool[B, N]; target_probs [B, N + 1, V] (input 0: after last);
+    draft_probs [B, N, V] or None. -> (num_accepted int32[B], path int32[B, depth], emitted
+    int32[B, depth + 1]) as greedy_tree_accept. Children of one node must carry distinct tokens."""
+    B, N = tokens.shape
+    q = jax.nn.one_hot(tokens, target_probs.shape[-1], dtype=jnp.float32) if draft_probs is None \
+        else draft_probs.astype(jnp.float32)
+    keys = jax.random.split(key, B)
+    return jax.vmap(lambda t, par, v, p, qq, k: _sampled_row(t, par, v, p, qq, k, depth))(
+        tokens, parents, valid, target_probs.astype(jnp.float32), q, keys)
+
+
+def sample_children(key, q: jax.Array, num: int):
+    """Draw num distinct children from q [B, V] without replacement (Gumbel top-k: the order of the
+    perturbed log-probabilities is a draw without replacement). -> (tokens int32[B, num], q_i [B, num, V]:
+    the law child i was drawn from given the ones before it, as sampled_tree_accept reads it)."""
+    g = jnp.log(q) - jnp.log(-jnp.log(jax.random.uniform(key, q.shape, minval=1e-20, maxval=1.0)))
+    tokens = jax.lax.top_k(g, num)[1].astype(jnp.int32)                          # [B, num]
+    before = jnp.cumsum(jax.nn.one_hot(tokens, q.shape[-1], dtype=q.dtype), axis=1) \
+        - jax.nn.one_hot(tokens, q.shape[-1], dtype=q.dtype)                     # siblings drawn before i
+    left = q[:, None] * (1.0 - before)
+    return tokens, left / jnp.sum(left, axis=-1, keepdims=True)
+
+
+def accept_tree(tokens, parents, valid, draft_probs, logits, sampling: dict, key, depth: int):
+    """The target's logits [B, N + 1, V] over [last, nodes] -> (num_accepted, path, emitted) by greedy
+    acceptance when every row is greedy, else by sampled_tree_accept under the rows' settings."""
+    from .sampling import probs_from_logits
+
+    def greedy():
+        return greedy_tree_accept(tokens, parents, valid, jnp.argmax(logits, -1).astype(jnp.int32), depth)
+
+    def sampled():
+        return sampled_tree_accept(tokens, parents, valid, probs_from_logits(logits, sampling), key, depth,
+                                   draft_probs)
+    return jax.lax.cond(jnp.all(sampling["temperature"] == 0), greedy, sampled)
+
+
+def grow_tree(first_logp: jax.Array, expand, carry, tree: Tree):
+    """An EAGLE-2 dynamic tree (Li et al. 2024, "EAGLE-2", sec. 4): expand the top_k children of the
+    top_k most promising nodes depth by depth, a node's value being the product of draft probabilities
+    along its path, then keep the `budget` best of all nodes made (rerank). A child's value never
+    exceeds its parent's and parents come first, so the kept nodes form a tree.
+
+    first_logp [B, V]: the drafter's log-probabilities for the children of `last`. expand(carry,
+    tokens int32[B, k], parent int32[B, k], level) -> (logp [B, k, V] of their children, carry): the
+    drafter on the k frontier nodes of `level` (1 = children of last; parent: each one's index in the
+    previous frontier, -1 at level 1). The children are deterministic (sampled_tree_accept, one-hot).
+    -> (tokens int32[B, N], parents int32[B, N], valid bool[B, N], carry), nodes in level order."""
+    B, k, N = first_logp.shape[0], tree.top_k, tree.budget
+    rows = jnp.arange(B)[:, None]
+    score, tok = jax.lax.top_k(first_logp.astype(jnp.float32), k)                # [B, k]
+    scores, toks, cands = [score], [tok], [jnp.full((B, k), -1, jnp.int32)]     # cands: parent's candidate index
+    front_tok, front_score, front_idx = tok, score, jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (B, k))
+    front_parent, made = jnp.full((B, k), -1, jnp.int32), k
+    for level in range(1, tree.depth):
+        logp, carry = expand(carry, front_tok.astype(jnp.int32), front_parent, level)
+        lp, ct = jax.lax.top_k(logp.astype(jnp.float32), k)                         # [B, k, k]
+        score = (front_score[:, :, None] + lp).reshape(B, k * k)
+        scores.append(score), toks.append(ct.reshape(B, k * k))
+        cands.append(jnp.repeat(front_idx, k, axis=1))
+        front_score, pick = jax.lax.top_k(score, k)                                   # the next frontier
+        front_tok, front_parent = ct.reshape(B, k * k)[rows, pick], (pick // k).astype(jnp.int32)
+        front_idx, made = (made + pick).astype(jnp.int32), made + k * k
+    score, tok, cand = (jnp.concatenate(x, axis=1) for x in (scores, toks, cands))   # [B, M]
+    kept = min(N, made)
+    sel = jnp.sort(jax.lax.top_k(score, kept)[1], axis=1)                         # ties: the earlier node
+    node_of = jnp.full((B, made), -1, jnp.int32).at[rows, sel].set(jnp.arange(kept, dtype=jnp.int32))
+    parent_cand = cand[rows, sel]
+    parents = jnp.where(parent_cand >= 0, node_of[rows, jnp.maximum(parent_cand, 0)], -1)
+    valid = jnp.isfinite(score[rows, sel]) & ((parent_cand < 0) | (parents >= 0))
+    pad = lambda x, v: jnp.pad(x, ((0, 0), (0, N - kept)), constant_values=v)
+    return pad(tok[rows, sel].astype(jnp.int32), 0), pad(parents, -1), pad(valid, False), carry
+
+
+def frontier_inputs(start: jax.Array, seen, parent: jax.Array, level: int, k: int, capacity: int):
+    """Where and how a drafter with its own KV cache runs the k frontier nodes of `level` (grow_tree):
+    written at slots start + (level - 1) k + i, RoPE position start + level - 1, each seeing the cache
+    before start, its ancestors' slots and its own. seen bool[B, k, S]: the previous frontier's mask
+    (None at level 1). -> (cache length to write at int32[B], RoPE positions int32[B, k], mask bool[B, k, S])."""
+    B = start.shape[0]
+    first = start + (level - 1) * k
+    slot = jnp.arange(capacity, dtype=jnp.int32)[None, None, :]
+    own = slot == (first[:, None] + jnp.arange(k, dtype=jnp.int32))[:, :, None]
+    before = slot < start[:, None, None] if seen is None else seen[jnp.arange(B)[:, None], jnp.maximum(parent, 0)]
+    rope = jnp.broadcast_to((start + level - 1)[:, None], (B, k)).astype(jnp.int32)
+    return first, rope, before | own

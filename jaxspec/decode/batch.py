@@ -58,6 +58,24 @@ def check_drafter(drafter, num_draft_tokens, model) -> int:
     return int(num_draft_tokens)
 
 
+def check_tree(tree, drafter) -> None:
+    """generate(tree=...): a jaxspec.Tree, with a drafter that drafts trees."""
+    from ..tree import Tree
+    if tree is None:
+        return
+    if not isinstance(tree, Tree):
+        raise ValueError(f"tree must be a jaxspec.Tree(budget, depth, top_k), got {type(tree).__name__}")
+    if drafter is None or not drafter.drafts_trees:
+        who = "no drafter" if drafter is None else type(drafter).__name__
+        raise ValueError(f"tree={tree} needs a drafter that drafts token trees; got {who}")
+
+
+def tree_slots(tree) -> int:
+    """Cache slots past the length a tree step may write: the target's N + 1 inputs, a drafter's
+    frontier nodes (tree.frontier_inputs: (depth - 1) top_k after last), its chain of depth + 1."""
+    return max(tree.budget + 1, (tree.depth - 1) * tree.top_k + 1, tree.depth + 1)
+
+
 def check_capacity(rows: list, limits: np.ndarray, extra: int, capacity: int) -> None:
     """Refuse, before any compute, a row whose prompt + max_new_tokens + extra (K + 1) cannot fit."""
     for i, r in enumerate(rows):

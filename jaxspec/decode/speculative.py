@@ -1,6 +1,7 @@
 """The speculative loop: each step the drafter proposes K tokens, one target pass verifies the K+1
 inputs [last, d1..dK], rejection sampling keeps a prefix and adds one token, and the caches roll back
-by length alone (no erase)."""
+by length alone (no erase). A tree step (jaxspec/tree.py) verifies a token tree instead and moves the
+kept path's cache entries behind `last`."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,11 @@ from .. import policy
 from ..cache import KVCache, rollback
 from ..config import ModelConfig
 from ..drafters.base import Context, Drafter
+from ..cache import keep_path
 from ..models import forward
 from ..rejection import verify
 from ..sampling import sample_tokens
+from ..tree import Tree, accept_tree, tree_inputs
 from .batch import live_slots
 from .programs import TRACES
 
@@ -29,8 +32,8 @@ class AcceptCounts(NamedTuple):
     accepted: jax.Array               # int32: drafts kept
     drafted: jax.Array                # int32: drafts made
     per_position: jax.Array           # int32[K]: drafts kept at each position
-    drafted_per_position: jax.Array   # int32[K]: drafts made at each position
-    k_steps: jax.Array                # int32[len(ks)]: loop steps run with each K
+    drafted_per_position: jax.Array   # int32[K]: drafts made at each position (trees: steps with that level)
+    k_steps: jax.Array                # int32[len(ks)]: loop steps run with each arm (K or tree)
 
 
 class SpecState(NamedTuple):
@@ -48,7 +51,7 @@ class SpecState(NamedTuple):
     features: jax.Array     # [N, B, P, E]: hidden states of the last target pass (padding past its tokens)
     est: policy.Estimate    # adaptive: acceptance estimates per drafter context
     context: jax.Array      # int32[B]: each row's drafter context for the next step
-    choice: jax.Array       # int32: index into ks of the next step's K
+    choice: jax.Array       # int32: index into ks of the next step's arm
 
 
 class Fixed(NamedTuple):
@@ -59,7 +62,7 @@ class Fixed(NamedTuple):
     limits: jax.Array       # int32[B]: max new tokens per row
     eos_ids: jax.Array      # int32[*]
     sampling: dict          # per-row sampling arrays [B]
-    costs: jax.Array        # float32[len(ks)]: step cost of each K in plain steps
+    costs: jax.Array        # float32[len(ks)]: step cost of each arm in plain steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +71,8 @@ class Static:
 
     cfg: ModelConfig
     drafter: Drafter
-    ks: tuple               # the K values one loop switches between (one: fixed K)
-    width: int              # P = max(ks) + 1: a step's emitted tokens and features
+    ks: tuple               # the arms one loop switches between: chain K (int) or Tree (one: fixed)
+    width: int              # P = the most drafts a step keeps + 1: a step's emitted tokens and features
     live_attention: bool
 
     @property
@@ -101,6 +104,39 @@ def spec_step(params, dparams, cache, dstate, ctx: Context, key, live=None, *, c
     emitted = jnp.pad(emitted, ((0, 0), (0, pad)), constant_values=-1)
     hidden = jnp.pad(hidden, ((0, 0), (0, 0), (0, pad), (0, 0)))
     return n, emitted, cache, dstate, hidden
+
+
+def tree_step(params, dparams, cache, dstate, ctx: Context, key, *, cfg, drafter, tree: Tree, width):
+    """One step over a token tree: drafter.propose_tree, one target pass over [last, N nodes] with
+    the ancestor mask (tree.tree_inputs), lossless acceptance (tree.accept_tree), the kept path's
+    cache entries moved behind last (cache.keep_path). -> as spec_step; hidden holds the features of
+    [last, the kept path], so the drafter sees what a chain step with those drafts would show it."""
+    k_draft, k_accept = jax.random.split(key)
+    before = dstate
+    tokens, parents, valid, probs, dstate = drafter.propose_tree(dparams, dstate, ctx, k_draft, tree)
+    check_tree(drafter, tokens, parents, valid, probs, ctx.last.shape[0], tree.budget, cfg.vocab_size)
+    check_state(drafter, before, dstate, "propose_tree")
+    start, rows = cache.length, jnp.arange(ctx.last.shape[0])[:, None]
+    inputs = jnp.concatenate([ctx.last[:, None], tokens], axis=1)                  # [B, N + 1]
+    logits, hidden, cache = forward(params, inputs, cache, cfg, drafter.hidden_layers,
+                                    tree=tree_inputs(start, parents, tree.depth, cache.capacity))
+    n, path, emitted = accept_tree(tokens, parents, valid, probs, logits, ctx.sampling, k_accept, tree.depth)
+    on_path = jnp.concatenate([jnp.zeros_like(path[:, :1]), jnp.maximum(path + 1, 0)], axis=1)   # [B, D + 1]
+    pad = width - (tree.depth + 1)
+    hidden = jnp.pad(hidden[:, rows, on_path], ((0, 0), (0, 0), (0, pad), (0, 0)))
+    return n, jnp.pad(emitted, ((0, 0), (0, pad)), constant_values=-1), keep_path(cache, start, path), dstate, hidden
+
+
+def check_tree(drafter: Drafter, tokens, parents, valid, probs, B: int, N: int, V: int) -> None:
+    """Trace-time checks of a drafted tree: tokens, parents int32[B, N], valid bool[B, N], probs [B, N, V] or None."""
+    try:
+        chex.assert_shape([tokens, parents, valid], (B, N))
+        chex.assert_type([tokens, parents, valid], [jnp.int32, jnp.int32, bool])
+        if probs is not None:
+            chex.assert_shape(probs, (B, N, V))
+    except AssertionError as e:
+        raise ValueError(f"{type(drafter).__name__}.propose_tree must return tokens and parents int32[{B}, {N}], "
+                         f"valid bool[{B}, {N}] and probs [{B}, {N}, {V}] or None: {e}") from None
 
 
 def check_proposal(drafter: Drafter, draft, draft_probs, B: int, K: int, V: int) -> None:
@@ -147,25 +183,34 @@ def _choose(s: SpecState, fixed: Fixed, st: Static):
     return context, policy.choose(s.est, st.ks, fixed.costs, context, ~s.done)
 
 
-def _count(a: AcceptCounts, active, n, k_now: int, choice: int) -> AcceptCounts:
+def _count(a: AcceptCounts, active, n, k_now: int, choice: int, drafted) -> AcceptCounts:
+    """k_now: the step's K or tree depth; drafted int32[B]: its drafts (a tree's nodes)."""
     K = a.per_position.shape[0]
     idx = jnp.arange(K, dtype=jnp.int32)[None]
     return AcceptCounts(steps=a.steps + active.sum(), accepted=a.accepted + jnp.where(active, n, 0).sum(),
-                        drafted=a.drafted + active.sum() * k_now,
+                        drafted=a.drafted + jnp.where(active, drafted, 0).sum(),
                         per_position=a.per_position + (active[:, None] & (idx < n[:, None])).sum(0),
                         drafted_per_position=a.drafted_per_position + (active[:, None] & (idx < k_now)).sum(0),
                         k_steps=a.k_steps.at[choice].add(1))
 
 
 def _step(choice: int, s: SpecState, fixed: Fixed, st: Static) -> SpecState:
-    """One step with K = ks[choice] (static)."""
-    k_now, P = st.ks[choice], st.width
+    """One step with the arm ks[choice] (static): a chain of K drafts or a Tree."""
+    arm, P = st.ks[choice], st.width
+    k_now = policy.arm_length(arm)
     key, k_step = jax.random.split(s.key)
     ctx = _context_of(s, fixed)
-    n, emitted, new_cache, dstate, hidden = spec_step(
-        fixed.params, fixed.dparams, s.cache, s.dstate, ctx, k_step,
-        live_slots(s.cache, s.done, k_now + 1, st.live_attention), cfg=st.cfg, drafter=st.drafter,
-        num_draft=k_now, width=P)
+    if isinstance(arm, Tree):
+        n, emitted, new_cache, dstate, hidden = tree_step(
+            fixed.params, fixed.dparams, s.cache, s.dstate, ctx, k_step, cfg=st.cfg, drafter=st.drafter,
+            tree=arm, width=P)
+        drafted = jnp.full_like(n, arm.budget)
+    else:
+        n, emitted, new_cache, dstate, hidden = spec_step(
+            fixed.params, fixed.dparams, s.cache, s.dstate, ctx, k_step,
+            live_slots(s.cache, s.done, k_now + 1, st.live_attention), cfg=st.cfg, drafter=st.drafter,
+            num_draft=k_now, width=P)
+        drafted = jnp.full_like(n, k_now)
     idx = jnp.arange(P, dtype=jnp.int32)
     eos_at = jnp.isin(emitted, fixed.eos_ids) & (idx[None] <= n[:, None])
     upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, P)
@@ -179,10 +224,18 @@ def _step(choice: int, s: SpecState, fixed: Fixed, st: Static) -> SpecState:
         last=jnp.where(s.done, s.last, emitted[jnp.arange(n.shape[0]), n]),
         history=emit(s.history, ctx.history_len, emitted, count), count=s.count + count,
         done=s.done | (eos_at.any(1) & (upto_eos <= count)) | (s.count + count >= fixed.limits),
-        key=key, steps=s.steps + 1, acc=_count(s.acc, active, n, k_now, choice), features=hidden,
-        est=policy.update(s.est, jnp.int32(k_now), n, active, s.context) if st.adaptive else s.est)
+        key=key, steps=s.steps + 1, acc=_count(s.acc, active, n, k_now, choice, drafted), features=hidden,
+        est=_estimate(s, arm, n, active, st))
     context, choice_next = _choose(new, fixed, st)
     return new._replace(context=context, choice=choice_next)
+
+
+def _estimate(s: SpecState, arm, n, active, st: Static) -> policy.Estimate:
+    if not st.adaptive:
+        return s.est
+    if isinstance(arm, Tree):
+        return policy.update_tree(s.est, n, active, s.context)
+    return policy.update(s.est, jnp.int32(arm), n, active, s.context)
 
 
 def _initial_state(fixed: Fixed, st: Static, tokens, lengths, cache, key, first, prompt_features, prior) -> SpecState:
@@ -210,17 +263,17 @@ def speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_i
                 costs, prior, *, cfg, drafter, ks, capacity_out, live_attention):
     """After prefill (first int32[B], prompt_features [N, B, T, E]), steps until every row is done.
 
-    ks: the K values of this loop (static). One value: fixed K, one lax.while_loop. Several
-    (adaptive): policy.choose picks each step's K from the acceptance estimates (starting at prior
-    float32[C], one per drafter context) and costs float32[len(ks)] (plain steps), at the end of
-    the step before. An outer loop runs one inner while_loop per K in turn, each running steps while
+    ks: the arms of this loop (static): chain K values (int) and at most one Tree. One arm: fixed,
+    one lax.while_loop. Several (adaptive): policy.choose picks each step's arm from the acceptance
+    estimates (starting at prior float32[C], one per drafter context) and costs float32[len(ks)]
+    (plain steps), at the end of the step before. An outer loop runs one inner while_loop per K in turn, each running steps while
     the choice is its K: a lax.switch around every step cost 4-7% of a plain step on XLA CPU, and a
     switch between the inner loops made XLA copy the KV cache on each entry into a K > 0 loop.
     -> (out int32[B, N+K+1], count int32[B], steps, AcceptCounts, cache). The loop keeps one token
     buffer, `history` (prompt + output per row); the output is cut from it at the end."""
     TRACES["speculative"] += 1
     fixed = Fixed(params, dparams, limits, eos_ids, sampling, costs)
-    st = Static(cfg, drafter, tuple(ks), max(ks) + 1, live_attention)
+    st = Static(cfg, drafter, tuple(ks), max(policy.arm_length(arm) for arm in ks) + 1, live_attention)
     state = _initial_state(fixed, st, tokens, lengths, cache, key, first, prompt_features, prior)
 
     def while_chosen(choice: int, s: SpecState) -> SpecState:

@@ -7,6 +7,8 @@ compiled programs can be reused. Inside the compiled loop:
   tokens[B, K], probs[B, K, V] | None, state = drafter.propose(params, state, ctx, key, K)
   state = drafter.commit(params, state, ctx, num_accepted[B])
   state = drafter.sync(params, state, ctx)   # instead of propose in a step without drafts (K = 0)
+  tokens[B, N], parents[B, N], valid[B, N], probs[B, N, V] | None, state =
+      drafter.propose_tree(params, state, ctx, key, tree)   # a token tree instead (jaxspec/tree.py)
   context int32[B] = drafter.context(params, state, ctx)   # before each adaptive step (policy.py)
 probs=None means the draft is deterministic (argmax or lookup): q is one-hot on the token.
 """
@@ -65,6 +67,17 @@ class Drafter:
 
     def propose(self, params, state, ctx: Context, key, num_draft: int):
         raise NotImplementedError
+
+    def propose_tree(self, params, state, ctx: Context, key, tree):
+        """A token tree of tree.budget nodes below ctx.last (jaxspec/tree.py: parents before children,
+        -1 = a child of last; children of one node carry distinct tokens). The next commit gets the
+        drafts kept on its path, and ctx.features then hold the pass's features of [last, that path].
+        probs None: deterministic children; else q_i per node (tree.sampled_tree_accept)."""
+        raise NotImplementedError(f"{type(self).__name__} does not draft token trees")
+
+    @property
+    def drafts_trees(self) -> bool:
+        return type(self).propose_tree is not Drafter.propose_tree
 
     def commit(self, params, state, ctx: Context, num_accepted):
         return state

@@ -14,6 +14,7 @@ from ..cache import init_cache, rollback
 from ..heads.metadata import HeadMetadata, head_metadata
 from ..model import Model
 from ..models.module import LlamaModule
+from ..tree import frontier_inputs, grow_tree
 from .base import Context, Drafter, catch_up, sample_chain
 
 
@@ -126,11 +127,34 @@ class DraftModel(Drafter):
     def sync(self, params, state, ctx: Context):
         return state
 
-    def propose(self, params, state: DraftModelState, ctx: Context, key, num_draft: int):
+    def _caught_up(self, params, state: DraftModelState, ctx: Context):
+        """Take in the tokens plain steps added, then [previous token, last] -> (logits [B, 2, V], cache
+        of history_len tokens)."""
         lm = self._lm(params)
         feed = lambda cache, pos: lm(jnp.take_along_axis(ctx.history, pos, axis=1), cache)[2]
         cache = catch_up(feed, state.cache, state.written, ctx.history_len - 2, ctx.history.shape[1])   # _feed_last writes on
-        logits, cache = self._feed_last(params, cache, ctx)
+        return self._feed_last(params, cache, ctx)
+
+    def propose_tree(self, params, state: DraftModelState, ctx: Context, key, tree):
+        """An EAGLE-2 dynamic tree (tree.grow_tree): one pass of the draft model per level over the
+        frontier, written after the history and seeing only its ancestors there."""
+        lm, k = self._lm(params), tree.top_k
+        logits, cache = self._caught_up(params, state, ctx)
+        start = cache.length
+
+        def expand(carry, tokens, parent, level):
+            cache, seen = carry
+            length, rope, mask = frontier_inputs(start, seen, parent, level, k, cache.capacity)
+            logits, _, cache = lm(tokens, rollback(cache, length), tree=(rope, mask))
+            return jax.nn.log_softmax(logits, axis=-1), (cache, mask)
+
+        tokens, parents, valid, (cache, _) = grow_tree(jax.nn.log_softmax(logits[:, -1], axis=-1), expand,
+                                                       (cache, None), tree)
+        return tokens, parents, valid, None, DraftModelState(rollback(cache, start), start, jnp.int32(0))
+
+    def propose(self, params, state: DraftModelState, ctx: Context, key, num_draft: int):
+        lm = self._lm(params)
+        logits, cache = self._caught_up(params, state, ctx)
 
         def step(cache, tok):
             logits, _, cache = lm(tok[:, None], cache)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, EagleHead
 from ..heads.io import load_head, save_head
+from ..tree import frontier_inputs, grow_tree
 from .base import Context, HeadDrafter, catch_up, check_head_target, sample_chain
 
 KIND = "eagle"
@@ -126,6 +127,31 @@ class Eagle(HeadDrafter):
         tokens, probs, (cache, _) = sample_chain(head.target_logits(logits[rows, n_prev]), step,
                                                  (cache, h[rows, n_prev][:, None]), key, K, ctx.sampling)
         return tokens, probs, state._replace(cache=cache, written=ctx.history_len - 1)
+
+    def propose_tree(self, params, state: EagleState, ctx: Context, key, tree):
+        """An EAGLE-2 dynamic tree (tree.grow_tree): the head runs once per level over the frontier,
+        each node's pair (its parent's head output, its token) written after the target's length and
+        seeing only its ancestors there."""
+        head, embed, k = self.head(params), params["embed"], tree.top_k
+        state = state._replace(cache=self._catch_up(params, state, ctx))
+        rows = jnp.arange(ctx.last.shape[0])
+        h, logits, cache = self._write_pairs(params, state, ctx)
+        start, h_root = cache.length, h[rows, state.n_prev]                       # h_root [B, E]
+        logp = lambda draft_logits: jax.nn.log_softmax(head.target_logits(draft_logits), axis=-1)
+
+        def expand(carry, tokens, parent, level):
+            cache, seen, h_front = carry
+            h_in = jnp.broadcast_to(h_root[:, None], (*tokens.shape, h_root.shape[-1])) if level == 1 \
+                else h_front[rows[:, None], parent]                                 # [B, k, E]
+            length, rope, mask = frontier_inputs(start, seen, parent, level, k, cache.capacity)
+            h_out, logits, cache = head.step(embed, h_in, tokens, rollback(cache, length), params["rows"],
+                                             tree=(rope, mask))
+            return logp(logits), (cache, mask, h_out)
+
+        tokens, parents, valid, (cache, _, _) = grow_tree(logp(logits[rows, state.n_prev]), expand,
+                                                          (cache, None, None), tree)
+        return tokens, parents, valid, None, state._replace(cache=rollback(cache, start),
+                                                            written=ctx.history_len - 1)
 
     def commit(self, params, state: EagleState, ctx: Context, num_accepted):
         return state._replace(n_prev=num_accepted)

@@ -23,6 +23,7 @@ from ..heads.eagle import to_target_logits
 from ..heads.io import load_head, save_head
 from ..heads.mtp import MTPConfig, MTPHead, mtp_logits, mtp_module, mtp_window
 from ..models import lm_head_rows
+from ..tree import grow_tree
 from .base import Context, HeadDrafter, catch_up, check_head_target, draw_token
 
 KIND = "mtp"
@@ -123,6 +124,22 @@ class MTP(HeadDrafter):
         return state._replace(h0=self._store(state, ctx))
 
     def propose(self, params, state: MTPState, ctx: Context, key, num_draft: int):
+        return self._draft(params, state, ctx, key, num_draft, lambda logits, k: draw_token(logits, k, ctx.sampling))
+
+    def propose_tree(self, params, state: MTPState, ctx: Context, key, tree):
+        """A static tree (Medusa, Cai et al. 2024, over MTP modules): the modules draft the top-1 chain of
+        tree.depth tokens, and each level's distribution along it gives the children of every node at
+        that level; tree.grow_tree keeps the budget best. After it only the positions the chain's
+        known tokens fix are final (commit counts none of its drafts)."""
+        greedy = lambda logits, _: (jnp.argmax(logits, -1).astype(jnp.int32), jax.nn.log_softmax(logits, -1))
+        _, logp, state = self._draft(params, state, ctx, key, tree.depth, greedy)     # logp [B, D, V]
+        expand = lambda carry, tokens, parent, level: (jnp.broadcast_to(logp[:, level][:, None],
+                                                                        (*tokens.shape, logp.shape[-1])), carry)
+        tokens, parents, valid, _ = grow_tree(logp[:, 0], expand, (), tree)
+        return tokens, parents, valid, None, state._replace(drafted=jnp.int32(0))
+
+    def _draft(self, params, state: MTPState, ctx: Context, key, num_draft: int, draw):
+        """K drafts, each from draw(target logits [B, V], key) -> (token int32[B], q [B, V])."""
         head, embed, cfg = self._head(params), params["embed"], self.cfg
         K, D = num_draft, min(num_draft, cfg.num_modules)
         W = max(K + D, cfg.num_modules)
@@ -139,7 +156,7 @@ class MTP(HeadDrafter):
         tokens, probs = [], []
         for j in range(D):                                                    # draft j + 1 from module j + 1
             h, cache = mtp_module(head, j, embed, h, seq[rows, clip(window + j + 1)], rollback(cache, start), cfg)
-            tok, q = draw_token(self._logits(params, h[rows[:, 0], at]), keys[j], ctx.sampling)
+            tok, q = draw(self._logits(params, h[rows[:, 0], at]), keys[j])
             seq = seq.at[rows[:, 0], n + j].set(tok, mode="drop")
             tokens.append(tok), probs.append(q)
         h_rest = h
@@ -151,7 +168,7 @@ class MTP(HeadDrafter):
             q_pos = n - 2 + (j - D + 1)
             h, cache = mtp_module(head, D - 1, embed, h, seq[rows, clip(n - 1 + j)[:, None]],
                                   rollback(cache, q_pos), cfg)
-            tok, q = draw_token(self._logits(params, h[:, 0]), keys[j], ctx.sampling)
+            tok, q = draw(self._logits(params, h[:, 0]), keys[j])
             seq = seq.at[rows[:, 0], n + j].set(tok, mode="drop")
             tokens.append(tok), probs.append(q)
         state = state._replace(cache=rollback(cache, n - 1), h0=buf, written=jnp.maximum(state.written, start),

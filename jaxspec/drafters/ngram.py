@@ -34,6 +34,31 @@ def _lookup_row(history, length, max_ngram: int, min_ngram: int, num_draft: int)
     return proposal, matched
 
 
+def _tree_row(history, length, max_ngram: int, min_ngram: int, num_paths: int, depth: int):
+    """One row of NGram.propose_tree: the continuations after the num_paths best earlier matches of
+    the row's last tokens (longest match first, then most recent), merged into a trie.
+    -> (tokens, parents int32[num_paths * depth], valid bool[...]); node j * depth + d is continuation j's
+    token d, kept when no earlier continuation has the same first d + 1 tokens."""
+    S = history.shape[0]
+    c = jnp.arange(S, dtype=jnp.int32)                             # a continuation's first slot
+    same = [history[jnp.clip(c - 1 - j, 0, S - 1)] == history[jnp.maximum(length - 1 - j, 0)]
+            for j in range(max_ngram)]
+    matched = jnp.sum(jnp.cumprod(jnp.stack(same), axis=0), axis=0)     # suffix tokens matched before c
+    matched = jnp.minimum(matched, c)                                   # not past the history's start
+    score = jnp.where((matched >= min_ngram) & (c < length), matched * S + c, -1)
+    best, starts = jax.lax.top_k(score, num_paths)                      # [M]
+    slot = starts[:, None] + jnp.arange(depth)                          # [M, D]
+    tokens = history[jnp.minimum(slot, S - 1)]
+    known = (best[:, None] >= 0) & (slot < length)
+    prefix_eq = jnp.cumprod(tokens[:, None] == tokens[None], axis=2).astype(bool)   # [M, M, D]: same first d + 1
+    prefix_eq &= known[None] & known[:, None]
+    canon = jnp.argmax(prefix_eq, axis=1)                               # [M, D]: first continuation like it
+    d = jnp.arange(depth)
+    parents = jnp.where(d[None] > 0, jnp.roll(canon, 1, axis=1) * depth + d[None] - 1, -1)
+    valid = known & (canon == jnp.arange(num_paths)[:, None])
+    return tokens.reshape(-1).astype(jnp.int32), parents.reshape(-1).astype(jnp.int32), valid.reshape(-1)
+
+
 class NGram(Drafter):
     """NGram(max_ngram=3, min_ngram=1): prompt lookup over the row's own prompt and output."""
 
@@ -65,3 +90,12 @@ class NGram(Drafter):
 
     def propose(self, params, state, ctx: Context, key, num_draft: int):
         return self._lookup(ctx, num_draft)[0], None, state
+
+    def propose_tree(self, params, state, ctx: Context, key, tree):
+        """budget // depth continuations from different earlier matches, merged into one tree (the
+        rest of the budget unused; top_k is not read)."""
+        M, D = tree.budget // tree.depth, tree.depth
+        tokens, parents, valid = jax.vmap(lambda h, n: _tree_row(h, n, self.max_ngram, self.min_ngram, M, D))(
+            ctx.history, ctx.history_len)
+        pad = lambda x, v: jnp.pad(x, ((0, 0), (0, tree.budget - M * D)), constant_values=v)
+        return pad(tokens, 0), pad(parents, -1), pad(valid, False), None, state

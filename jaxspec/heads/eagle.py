@@ -152,8 +152,8 @@ class EagleHead(nnx.Module):
         """rows [E, Vd]: output_rows(...)."""
         return eagle_out(self._with(rows), feature, attn, self.cfg)
 
-    def step(self, embed, feature, tokens, cache: KVCache, rows):
-        return eagle_step(self._with(rows), embed, feature, tokens, cache, self.cfg)
+    def step(self, embed, feature, tokens, cache: KVCache, rows, tree=None):
+        return eagle_step(self._with(rows), embed, feature, tokens, cache, self.cfg, tree)
 
     def target_logits(self, draft_logits: jax.Array) -> jax.Array:
         return to_target_logits(self.arrays(), draft_logits, self.cfg.target_vocab_size)
@@ -189,13 +189,15 @@ def eagle_out(params, feature: jax.Array, attn: jax.Array, cfg: EagleConfig):
 
 
 def eagle_step(params, embed: jax.Array, feature: jax.Array, tokens: jax.Array, cache: KVCache,
-               cfg: EagleConfig):
+               cfg: EagleConfig, tree=None):
     """Pairs (feature[B, T, E], tokens int32[B, T]) written at each row's cache length ->
-    (h [B, T, E], draft logits float32[B, T, Vd], cache with length += T). embed: the target's [V, E]."""
+    (h [B, T, E], draft logits float32[B, T, Vd], cache with length += T). embed: the target's [V, E].
+    tree (optional): (RoPE positions int32[B, T], mask bool[B, T, S]) for tree nodes (tree.frontier_inputs)."""
     pos = positions(cache, tokens.shape[1])
-    q, k, v = eagle_qkv(params, embed, feature, tokens, pos, cfg)
+    rope, mask = (pos, attention_mask(pos, cache.capacity)) if tree is None else tree
+    q, k, v = eagle_qkv(params, embed, feature, tokens, rope, cfg)
     cache = write_layer(cache, 0, k, v, pos)
-    attn = attend(q, cache.k[0], cache.v[0], attention_mask(pos, cache.capacity))
+    attn = attend(q, cache.k[0], cache.v[0], mask)
     h, logits = eagle_out(params, feature, attn, cfg)
     return h, logits, advance(cache, tokens.shape[1])
 

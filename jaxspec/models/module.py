@@ -24,6 +24,7 @@ class LlamaModule(nnx.Module):
         """The params pytree (models/llama.py layout) of plain arrays."""
         return jax.tree_util.tree_map(lambda v: v[...], self.weights, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
-    def __call__(self, tokens: jax.Array, cache: KVCache, hidden_layers: tuple[int, ...] = (), live=None):
-        """tokens int32[B, T] -> (logits float32[B, T, V], hidden [N, B, T, E], cache with length += T)."""
-        return forward(self.params(), tokens, cache, self.cfg, hidden_layers, live)
+    def __call__(self, tokens: jax.Array, cache: KVCache, hidden_layers: tuple[int, ...] = (), live=None, tree=None):
+        """tokens int32[B, T] -> (logits float32[B, T, V], hidden [N, B, T, E], cache with length += T);
+        tree: models.forward's."""
+        return forward(self.params(), tokens, cache, self.cfg, hidden_layers, live, tree)
