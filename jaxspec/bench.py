@@ -11,6 +11,7 @@ bytes), against plain decoding's tokens/s after the prompt pass. Writes bench.js
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -129,17 +130,44 @@ def batches(prompts_ids: list, batch: int) -> list:
     return [[prompts_ids[(g * batch + i) % len(prompts_ids)] for i in range(batch)] for g in range(n)]
 
 
-def step_cost(model, drafter, K: int, group: list, max_new_tokens: int, sampling) -> float:
-    """Cost of one step with K drafts (drafting + verifying K+1 tokens), in plain decode steps, timed
-    alone on the shapes generate() uses for this batch (jaxspec.costs.measure_costs)."""
+def step_cost(model, drafter, arm, group: list, max_new_tokens: int, sampling) -> float:
+    """Cost of one step with K drafts (drafting + verifying K+1 tokens) or with a Tree (drafting it,
+    verifying its N + 1 inputs), in plain decode steps, timed alone on the shapes generate() uses for
+    this batch (jaxspec.costs.measure_costs)."""
     from .costs import step_costs
-    from .decode.batch import LIVE_ATTENTION_MIN_BATCH, padded_batch
+    from .decode.batch import LIVE_ATTENTION_MIN_BATCH, padded_batch, tree_slots
     from .sampling import row_params
+    from .tree import Tree
 
-    tokens, lengths, cache, _ = padded_batch(model, group, max_new_tokens, K + 1)
-    measured = step_costs(model, drafter, (K,), tokens, lengths, cache, row_params(sampling, len(group)),
-                           len(group) >= LIVE_ATTENTION_MIN_BATCH)
+    extra = tree_slots(arm) if isinstance(arm, Tree) else arm + 1
+    tokens, lengths, cache, _ = padded_batch(model, group, max_new_tokens, extra)
+    measured = step_costs(model, drafter, (arm,), tokens, lengths, cache, row_params(sampling, len(group)),
+                          len(group) >= LIVE_ATTENTION_MIN_BATCH)
     return float(measured["costs"][0])
+
+
+def verify_costs(model, sizes, group: list, max_new_tokens: int) -> dict:
+    """{N: cost of one target pass over N + 1 tokens (a tree of N nodes below last) in plain steps},
+    timed against a one-token pass on the shapes generate() uses for this batch (measure_costs)."""
+    from .cache import rollback
+    from .costs import measure_costs
+    from .decode.batch import padded_batch
+    from .models import forward
+
+    tokens, lengths, cache, _ = padded_batch(model, group, max_new_tokens, max(sizes) + 1)
+    make_args = lambda: (model.params, jax.tree_util.tree_map(jnp.copy, rollback(cache, lengths)))
+
+    def passes(num):
+        def one(params, cache):
+            logits, _, cache = forward(params, jnp.zeros((len(group), num), jnp.int32), rollback(cache, lengths),
+                                       model.config)
+            return (cache,), logits
+        return one
+
+    device = jax.devices()[0]
+    key = ("verify", device.platform, device.device_kind, model.source, model.config, len(group), cache.capacity)
+    return {n: float(measure_costs(key + (n,), passes(1), lambda k: passes(k + 1), make_args, (n,),
+                                   thread=(1,))["costs"][0]) for n in sizes}
 
 
 MAX_DIFFERENCES = 8      # differing greedy rows whose first difference the bench keeps
@@ -161,11 +189,12 @@ def _speedups(agg: dict, plain: dict) -> dict:
 
 def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, ks, batch: int = 1,
                    sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True,
-                   repeats: int = 1) -> dict:
-    """Plain decoding, each drafter at each fixed K and (adaptive=True) with adaptive K up to max(ks),
-    on groups of `batch` prompts (taken in order of length bucket), each group run by every decoder in
-    turn. Compiling (and measuring the adaptive policy's costs) runs first on the first group and is
-    reported apart.
+                   repeats: int = 1, trees=()) -> dict:
+    """Plain decoding, each drafter at each fixed K, each fixed tree (trees: jaxspec.Tree shapes; the
+    drafters that draft trees) and (adaptive=True) with adaptive K up to max(ks), and with the largest
+    tree offered too, on groups of `batch` prompts (taken in order of length bucket), each group run by
+    every decoder in turn. Compiling (and measuring the adaptive policy's costs) runs first on the
+    first group and is reported apart.
 
     repeats > 1 runs everything that many times, the decoders' order rotated by one each time, and
     adds each repeat's speedups ("speedups", "decode_speedups"): the spread is this run's noise.
@@ -178,21 +207,28 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, k
     from .sampling import Sampling
 
     sampling = sampling or Sampling()
-    configs = [("plain", None, 0, False)] + [(f"{name} K={k}", d, k, False) for name, d in drafters.items()
-                                             for k in ks]
+    configs = [("plain", None, 0, False, None)] + [(f"{name} K={k}", d, k, False, None)
+                                                   for name, d in drafters.items() for k in ks]
+    tree_drafters = {name: d for name, d in drafters.items() if d.drafts_trees}
+    configs += [(f"{name} tree N={t.budget}", d, max(ks), False, t) for name, d in tree_drafters.items()
+                for t in trees]
     if adaptive:
-        configs += [(f"{name} adaptive K<={max(ks)}", d, max(ks), True) for name, d in drafters.items()]
+        configs += [(f"{name} adaptive K<={max(ks)}", d, max(ks), True, None) for name, d in drafters.items()]
+        if trees:
+            big = max(trees, key=lambda t: t.budget)
+            configs += [(f"{name} adaptive K<={max(ks)} +tree N={big.budget}", d, max(ks), True, big)
+                        for name, d in tree_drafters.items()]
     # one length bucket after another: each decoder compiles a bucket's programs once (generate keeps
     # MAX_PROGRAMS of them; nine decoders on prompts of alternating buckets recompiled in every run)
     index_groups = batches(sorted(range(len(prompts_ids)), key=lambda i: bucket(len(prompts_ids[i]))), batch)
     groups = [[prompts_ids[i] for i in g] for g in index_groups]
-    run = lambda group, d, k, ad: generate(model, group, max_new_tokens=max_new_tokens, sampling=sampling,
-                                           drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed)
+    run = lambda group, d, k, ad, t: generate(model, group, max_new_tokens=max_new_tokens, sampling=sampling,
+                                              drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed, tree=t)
     desc = f"bench: batch {batch}, temperature {sampling.temperature:g}"
     bar = tqdm(total=len(configs) * (repeats * len(groups) + 1), desc=desc, unit="run", disable=not progress)
     compile_s = {}
-    for label, d, k, ad in configs:
-        compile_s[label] = run(groups[0], d, k, ad).stats.compile_seconds
+    for label, d, k, ad, t in configs:
+        compile_s[label] = run(groups[0], d, k, ad, t).stats.compile_seconds
         bar.update(1)
     runs = {label: [[] for _ in range(repeats)] for label, *_ in configs}     # [repeat][group] stats
     made = {label: [] for label, *_ in configs}           # each run's rows, in (repeat, group) order
@@ -201,19 +237,20 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, k
         order = configs[rep % len(configs):] + configs[:rep % len(configs)]
         for group, indices in zip(groups, index_groups):
             made_from += indices
-            for label, d, k, ad in order:
-                out = run(group, d, k, ad)
+            for label, d, k, ad, t in order:
+                out = run(group, d, k, ad, t)
                 runs[label][rep].append(out.stats)
                 made[label] += out.tokens
                 bar.update(1)
     bar.close()
     result = {}
-    for label, d, k, ad in configs:
-        r = {**_compared(runs[label], runs["plain"]), "compile_seconds": compile_s[label], "K": k, "adaptive": ad}
+    for label, d, k, ad, t in configs:
+        r = {**_compared(runs[label], runs["plain"]), "compile_seconds": compile_s[label], "K": k, "adaptive": ad,
+             "tree": dataclasses.asdict(t) if t is not None else None}
         if sampling.temperature == 0:        # greedy: the same tokens as plain, row by row
             r.update(_rows_as_plain(made[label], made["plain"], made_from))
         if d is not None and not ad:          # Leviathan: tokens per step / cost of a step (plain steps)
-            r["step_cost"] = step_cost(model, d, k, groups[0], max_new_tokens, sampling)
+            r["step_cost"] = step_cost(model, d, t if t is not None else k, groups[0], max_new_tokens, sampling)
             r["predicted_speedup"] = r["mean_accepted_length"] / r["step_cost"]
             r["measured_over_predicted"] = r["decode_speedup"] / r["predicted_speedup"]   # both after prefill
         result[label] = r
@@ -270,7 +307,8 @@ def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_i
 
 def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max_new_tokens: int = 128,
         peer: str | None = None, out_dir: str | None = None, drafters=("ngram",), ks=(5,), batch_sizes=(1,),
-        temperatures=(0.0,), adaptive: bool = True, repeats: int = 1, source: str | None = None) -> dict:
+        temperatures=(0.0,), adaptive: bool = True, repeats: int = 1, source: str | None = None,
+        trees=()) -> dict:
     from .loading import load
     from .loading.registry import NAMED_MODELS, resolve_named
     from .sampling import Sampling
@@ -283,12 +321,16 @@ def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max
     made = {spec: make_drafter(spec, model) for spec in drafters}
     result = {"model": model_name, "backend": jax.default_backend(), "prompts": len(ids),
               "prompt_file": prompt_file or paths.prompt_file(EVAL_PROMPTS), "source": source, "max_new_tokens": max_new_tokens,
-              "ks": list(ks), "adaptive": adaptive, "repeats": repeats, "runs": []}
+              "ks": list(ks), "adaptive": adaptive, "repeats": repeats, "runs": [],
+              "trees": [dataclasses.asdict(t) for t in trees]}
+    if trees:             # what verifying N tokens costs here: where trees can pay
+        result["verify_costs"] = {str(n): c for n, c in verify_costs(
+            model, sorted({max(ks)} | {t.budget for t in trees}), ids[:1], max_new_tokens).items()}
     for temperature in temperatures:
         for batch in batch_sizes:
             decoders = bench_decoders(model, ids, max_new_tokens, made, ks=ks, batch=batch,
                                       sampling=Sampling(temperature=temperature),
-                                      adaptive=adaptive, repeats=repeats)
+                                      adaptive=adaptive, repeats=repeats, trees=trees)
             result["runs"].append({"batch": batch, "temperature": temperature, "decoders": decoders})
             print(f"batch {batch}, temperature {temperature}: " + ", ".join(
                 f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)
@@ -385,6 +427,11 @@ def markdown(r: dict) -> str:
             lines.append(f"| {name} | {d['tokens_per_second']:.2f} | {_times(d, 'speedup')} | "
                          f"{d['decode_tokens_per_second']:.2f} | {_times(d, 'decode_speedup')} | {pred} | {_acc(d)} | "
                          f"{used} | {d['compile_seconds']:.1f} | {_rows(d)} |")
+    if r.get("verify_costs"):
+        lines += ["\nCost of one target pass over N + 1 tokens (a chain of K = N, or a tree of N nodes), batch 1, "
+                  "in plain decode steps:\n", "| N | " + " | ".join(r["verify_costs"]) + " |",
+                  "|---|" + "---:|" * len(r["verify_costs"]),
+                  "| cost | " + " | ".join(f"{c:.2f}" for c in r["verify_costs"].values()) + " |"]
     if "transformers" in r:
         t = r["transformers"]
         lines += ["\nHugging Face transformers (torch, same weights), batch 1, greedy:\n",
@@ -451,4 +498,31 @@ def plot(r: dict, out_dir: str) -> list:
     paths.append(os.path.join(out_dir, "acceptance.png"))
     fig.savefig(paths[1], dpi=120)
     plt.close(fig)
+    if r.get("trees"):
+        paths.append(plot_trees(first, os.path.join(out_dir, "trees.png")))
     return paths
+
+
+def plot_trees(run: dict, path: str) -> str:
+    """Mean accepted length per target pass against tree budget N, one line per drafter, its K chain
+    drawn at N = K (the fixed decoders of one run)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for drafter in sorted({name.split(" ")[0] for name, d in run["decoders"].items() if d.get("tree")}):
+        fixed = {name: d for name, d in run["decoders"].items() if name.split(" ")[0] == drafter and not d["adaptive"]}
+        trees = sorted((d["tree"]["budget"], d["mean_accepted_length"]) for d in fixed.values() if d.get("tree"))
+        chains = sorted((d["K"], d["mean_accepted_length"]) for d in fixed.values() if not d.get("tree"))
+        line, = ax.plot(*zip(*trees), marker="o", label=f"{drafter} tree")
+        if chains:
+            ax.plot(*zip(*chains), marker="s", linestyle=":", color=line.get_color(), label=f"{drafter} chain (N = K)")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="draft tokens verified per pass (tree budget N, or K)", ylabel="mean accepted length per pass",
+           title=f"trees against chains (batch {run['batch']}, temperature {run['temperature']})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

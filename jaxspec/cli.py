@@ -76,6 +76,19 @@ def _numbers(text: str, kind, flag: str) -> list:
     return values
 
 
+def _trees(text: str | None) -> list:
+    """--trees "16,32" or "32:5:4": budgets N (depth min(5, N), top-k 4) or N:depth:top_k -> [Tree]."""
+    from .tree import Tree
+    trees = []
+    for spec in (text or "").split(","):
+        if spec.strip():
+            parts = _numbers(spec.replace(":", ","), int, "--trees")
+            if len(parts) not in (1, 3):
+                raise ValueError(f"--trees takes N or N:depth:top_k, got {spec!r}")
+            trees.append(Tree(parts[0], min(5, parts[0]), 4) if len(parts) == 1 else Tree(*parts))
+    return trees
+
+
 def cmd_bench(args) -> int:
     from . import bench
 
@@ -88,7 +101,8 @@ def cmd_bench(args) -> int:
     result = bench.run(args.model, prompt_file=args.prompts, num_prompts=args.num_prompts,
                        max_new_tokens=args.max_new_tokens, peer=args.peer, out_dir=args.out,
                        drafters=drafters, ks=ks, batch_sizes=batch_sizes, temperatures=temperatures,
-                       adaptive=not args.no_adaptive, repeats=args.repeats, source=args.source)
+                       adaptive=not args.no_adaptive, repeats=args.repeats, source=args.source,
+                       trees=_trees(args.trees))
     print(bench.markdown(result))
     return 0
 
@@ -121,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,4,16,64")
     b.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7 (0 = greedy)")
     b.add_argument("--no-adaptive", action="store_true", help="fixed K only: leave out adaptive speculation")
+    b.add_argument("--trees", default=None,
+                   help="token trees to bench too: comma-separated budgets N (depth 5, top-k 4) or N:depth:top_k")
     b.add_argument("--repeats", type=int, default=1,
                    help="run every decoder this many times (order rotated), with the range of its speedups")
     for plugin in entry_points(group="jaxspec.commands"):   # e.g. `train`, from the train package

@@ -100,7 +100,7 @@ def measure_costs(key: tuple, plain_step, spec_step, make_args, ks: tuple, round
         return {**kept, "seconds": 0.0}
     start = time.perf_counter()
     chains = [k for k in ks if not isinstance(k, Tree)]
-    ends = sorted({k for k in chains if k <= 1} | {max(chains)}) + [k for k in ks if isinstance(k, Tree)]
+    ends = sorted({k for k in chains if k <= 1} | ({max(chains)} if chains else set())) + [k for k in ks if isinstance(k, Tree)]
     args = list(make_args())
 
     def seconds(fn) -> float:

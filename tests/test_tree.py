@@ -195,3 +195,150 @@ def test_sampled_tree_acceptance_keeps_the_target_law_of_two_tokens():
     tvd = 0.5 * np.abs(counts / rows - exact).sum()
     assert pvalue > 1e-3 and tvd < 0.03, (pvalue, tvd)
     assert 0.3 < (n >= 1).mean() and (n == 2).mean() > 0.02, np.bincount(n)   # the tree does get used
+
+
+# ---------------------------------------------------------------- drafting trees
+
+def _eagle2_reference(first, children, budget, depth, k):
+    """EAGLE-2's expansion and rerank in plain Python: first [V] log-probs below last; children(token,
+    level) [V] log-probs below a node. -> the kept nodes as (path of tokens, value), best first."""
+    top = lambda lp: sorted(range(len(lp)), key=lambda t: (-lp[t], t))[:k]
+    layer = [((t,), first[t]) for t in top(first)]
+    made = list(layer)
+    for level in range(1, depth):
+        frontier = sorted(layer, key=lambda n: -n[1])[:k]
+        layer = [(path + (t,), value + lp[t]) for path, value in frontier
+                 for lp in [children(path[-1], level)] for t in top(lp)]
+        made += layer
+    return sorted(made, key=lambda n: -n[1])[:budget]
+
+
+def test_grow_tree_keeps_the_best_nodes_of_an_eagle2_expansion():
+    from jaxspec.tree import grow_tree
+    V, B = 12, 2
+    rng = np.random.default_rng(0)
+    table = np.log(rng.dirichlet(np.ones(V) * 0.5, size=(4, V)))               # [level, token, V]
+    first = np.log(rng.dirichlet(np.ones(V) * 0.5, size=B))
+    tree = Tree(budget=10, depth=4, top_k=3)
+
+    def expand(carry, tokens, parent, level):
+        return jnp.asarray(table, jnp.float32)[level][tokens], carry
+
+    tokens, parents, valid, _ = grow_tree(jnp.asarray(first, jnp.float32), expand, (), tree)
+    tokens, parents, valid = map(np.asarray, (tokens, parents, valid))
+    for b in range(B):
+        assert valid[b].all() and all(parents[b, i] < i for i in range(tree.budget))
+        paths = [tuple(int(tokens[b, j]) for j in _path_of(parents[b], i)) for i in range(tree.budget)]
+        ref = _eagle2_reference(first[b], lambda t, level: table[level][t], tree.budget, tree.depth, tree.top_k)
+        assert sorted(paths) == sorted(p for p, _ in ref)
+        for i in range(tree.budget):                   # siblings carry distinct tokens
+            sib = [int(tokens[b, j]) for j in range(tree.budget) if parents[b, j] == parents[b, i]]
+            assert len(sib) == len(set(sib))
+
+
+def test_ngram_tree_merges_the_continuations_of_earlier_matches():
+    from jaxspec.drafters import NGram
+    from jaxspec.drafters.base import Context
+
+    history = [1, 2, 3, 9, 1, 2, 4, 8, 1, 2, 3, 7, 5, 1, 2]
+    S = 24
+    ctx = Context(jnp.asarray([2]), jnp.asarray([history + [0] * (S - len(history))]), jnp.asarray([len(history)]),
+                  None, None)
+    tokens, parents, valid, probs, _ = NGram(max_ngram=2).propose_tree({}, (), ctx, None, Tree(budget=13, depth=4))
+    tokens, parents, valid = (np.asarray(x)[0] for x in (tokens, parents, valid))
+    assert probs is None and tokens.shape == (13,) and not valid[12]        # 13 // 4 = 3 continuations
+    paths = {tuple(int(tokens[j]) for j in _path_of(parents, i)) for i in range(13) if valid[i]}
+    conts = [(3, 7, 5, 1), (4, 8, 1, 2), (3, 9, 1, 2)]                        # after each "1 2", newest first
+    assert paths == {c[:d] for c in conts for d in range(1, 5)}
+    assert valid.sum() == len(paths)                                          # the shared "3" is one node
+    assert [int(tokens[j]) for j in _path_of(parents, 3)] == [3, 7, 5, 1]    # the newest match leads
+
+
+def test_sample_children_draws_without_replacement():
+    from jaxspec.tree import sample_children
+    q = jnp.asarray([[0.5, 0.3, 0.15, 0.05]])
+    rows = 40_000
+    tokens, q_each = jax.jit(lambda k: sample_children(k, jnp.broadcast_to(q, (rows, 4)), 2))(jax.random.PRNGKey(0))
+    tokens, q_each = np.asarray(tokens), np.asarray(q_each)
+    assert (tokens[:, 0] != tokens[:, 1]).all()
+    qq = np.asarray(q[0], np.float64)
+    exact = np.array([[qq[a] * qq[b] / (1 - qq[a]) if a != b else 0 for b in range(4)] for a in range(4)])
+    counts = np.bincount(tokens[:, 0] * 4 + tokens[:, 1], minlength=16) / rows
+    assert 0.5 * np.abs(counts - exact.reshape(-1)).sum() < 0.01
+    np.testing.assert_allclose(q_each[:, 0], np.broadcast_to(qq, (rows, 4)), rtol=1e-5)
+    second = np.where(np.arange(4)[None] == tokens[:, :1], 0, qq[None]) / (1 - qq[tokens[:, 0]])[:, None]
+    np.testing.assert_allclose(q_each[:, 1], second, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- through the loop
+
+class SampledChildren:
+    """A test drafter: a full binary tree of depth 2 whose children are drawn without replacement
+    from q(. | parent's token), a fixed random table (the drawn-children case of sampled_tree_accept)."""
+
+    def __new__(cls, V: int, seed: int):
+        from jaxspec.drafters.base import Drafter
+        from jaxspec.tree import sample_children
+
+        class _Drafter(Drafter):
+            table = jax.nn.softmax(1.5 * jax.random.normal(jax.random.PRNGKey(seed), (V, V)), axis=-1)
+
+            def static_key(self):
+                return ("SampledChildren", V, seed)
+
+            def params_for(self, model):
+                return {"table": self.table}
+
+            def propose_tree(self, params, state, ctx, key, tree):
+                assert (tree.budget, tree.depth, tree.top_k) == (6, 2, 2)
+                B, k1, k2 = ctx.last.shape[0], *jax.random.split(key)
+                t1, q1 = sample_children(k1, params["table"][ctx.last], 2)                   # [B, 2]
+                t2, q2 = sample_children(k2, params["table"][t1.reshape(-1)], 2)            # [2B, 2]
+                tokens = jnp.concatenate([t1, t2.reshape(B, 4)], axis=1)
+                probs = jnp.concatenate([q1, q2.reshape(B, 4, V)], axis=1)
+                parents = jnp.broadcast_to(jnp.asarray([-1, -1, 0, 0, 1, 1], jnp.int32), (B, 6))
+                return tokens, parents, jnp.ones((B, 6), bool), probs, state
+
+        return _Drafter()
+
+
+@pytest.mark.parametrize("sampling", ["t1", "topk", "topp"])
+def test_sampled_tree_speculation_matches_the_target_law_of_three_tokens(sampling):
+    """The exact joint law of the first 3 tokens (all 8^3 sequences) against tree-speculative samples,
+    with deterministic children (EAGLE-2 trees of a draft model and an EAGLE head, MTP's static tree,
+    NGram's merged continuations) and with children drawn without replacement (SampledChildren)."""
+    from scipy import stats
+
+    import jaxspec
+    from jaxspec.drafters import MTP, DraftModel, Eagle, NGram
+    from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params
+    from jaxspec.sampling import Sampling
+
+    from .conftest import tiny_model
+    from .test_speculative import ROWS, V8, _exact_joint
+
+    sampling = {"t1": Sampling(temperature=1.0), "topk": Sampling(temperature=0.9, top_k=4),
+                "topp": Sampling(temperature=1.2, top_p=0.8)}[sampling]
+    target, prompt = tiny_model(V8, seed=2, scale=0.8), [1, 5, 2]
+    exact = _exact_joint(target, prompt, sampling)
+    eagle_cfg = EagleConfig.for_target(V8, draft_vocab_size=V8.vocab_size)
+    mtp_cfg = MTPConfig.for_target(V8, num_modules=2, draft_vocab_size=V8.vocab_size)
+    drafters = [(DraftModel(tiny_model(V8, seed=3, scale=0.8)), Tree(5, 2, 3)),
+                (Eagle(init_eagle_params(eagle_cfg, jax.random.PRNGKey(5), scale=0.5), eagle_cfg), Tree(5, 2, 3)),
+                (MTP(init_mtp_params(mtp_cfg, jax.random.PRNGKey(4), scale=0.5), mtp_cfg), Tree(5, 2, 3)),
+                (NGram(), Tree(4, 2, 2)), (SampledChildren(8, seed=6), Tree(6, 2, 2))]
+    for drafter, tree in drafters:
+        out = jaxspec.generate(target, [prompt] * ROWS, max_new_tokens=3, sampling=sampling, drafter=drafter,
+                               tree=tree, adaptive=False, seed=11)
+        codes = np.array([t[0] * 64 + t[1] * 8 + t[2] for t in out.tokens])
+        counts = np.bincount(codes, minlength=512)
+        name = type(drafter).__name__
+        assert counts[exact == 0].sum() == 0, f"{name}: sequences outside the allowed set"
+        keep = exact * ROWS >= 5
+        expected = exact[keep] * ROWS
+        observed = counts[keep].astype(float)
+        pvalue = stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+        tvd = 0.5 * np.abs(counts / ROWS - exact).sum()
+        assert pvalue > 1e-3 and tvd < 0.05, f"{name}: p={pvalue:.2e}, TVD={tvd:.3f}"
+        if not isinstance(drafter, NGram):
+            assert out.stats.mean_accepted_length > 1.05, name         # the tree's guesses do get kept
