@@ -342,3 +342,28 @@ def test_sampled_tree_speculation_matches_the_target_law_of_three_tokens(samplin
         assert pvalue > 1e-3 and tvd < 0.05, f"{name}: p={pvalue:.2e}, TVD={tvd:.3f}"
         if not isinstance(drafter, NGram):
             assert out.stats.mean_accepted_length > 1.05, name         # the tree's guesses do get kept
+
+
+# ---------------------------------------------------------------- real SmolLM2, greedy
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ngram", "eagle", "mtp", "draft"])
+def test_greedy_trees_are_lossless_on_smollm2(smollm, chat_prompts, kind):
+    """Every drafter's tree, fixed every step: batch 1 and batch 4 (prompts of different lengths)
+    give plain greedy decoding's tokens."""
+    import jaxspec
+    from jaxspec.bench import make_drafter
+
+    drafter = make_drafter(kind, smollm)                  # eagle, mtp, draft: shipped in checkpoints/
+    short = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Count to twenty."}],
+                                                 add_generation_prompt=True)
+    prompts = chat_prompts + [short]
+    assert len({len(p) for p in prompts}) == 4
+    plain = jaxspec.generate(smollm, prompts, max_new_tokens=40).tokens
+    for rows in ([0], [0, 1, 2, 3]):
+        out = jaxspec.generate(smollm, [prompts[i] for i in rows], max_new_tokens=40, drafter=drafter,
+                               tree=Tree(budget=16, depth=4, top_k=4), adaptive=False)
+        assert out.tokens == [plain[i] for i in rows], f"{kind}, batch {len(rows)}"
+        s = out.stats
+        assert s.tree == {"budget": 16, "depth": 4, "top_k": 4} and 1.0 <= s.mean_accepted_length <= 5.0
+        assert 40 / 5 <= s.target_steps < 40           # loop steps: at most depth + 1 = 5 tokens a pass
