@@ -47,13 +47,14 @@ class Estimate(NamedTuple):
     plain_run: jax.Array    # int32: consecutive K = 0 steps
     tree_tokens: jax.Array  # float32[C]: decayed tokens emitted by tree steps
     tree_steps: jax.Array   # float32[C]: decayed tree steps
+    since_tree: jax.Array   # int32: steps since the last tree step
 
 
 def init_estimate(prior) -> Estimate:
     """prior float32[C]: assumed acceptance per context before any evidence (weight PRIOR_TRIALS)."""
     prior = jnp.asarray(prior, jnp.float32)
     zeros = jnp.zeros_like(prior)
-    return Estimate(prior * PRIOR_TRIALS, jnp.full_like(prior, PRIOR_TRIALS), jnp.int32(0), zeros, zeros)
+    return Estimate(prior * PRIOR_TRIALS, jnp.full_like(prior, PRIOR_TRIALS), jnp.int32(0), zeros, zeros, jnp.int32(0))
 
 
 def arm_length(arm) -> int:
@@ -88,14 +89,28 @@ def choose(est: Estimate, ks: tuple, costs: jax.Array, context: jax.Array, activ
     rate = tokens / costs
     best = jnp.argmax(rate).astype(jnp.int32)
     if ks[0] != 0:
-        return best
+        return _probe_tree(est, ks, costs, tokens, best)
     spec = (1 + jnp.argmax(rate[1:])).astype(jnp.int32)                         # the best K > 0
     loss = costs[spec] - tokens[spec] * costs[0]           # >= 0 when K = 0 is best: time lost by probing
     wait = jnp.clip(jnp.ceil(loss / PROBE_BUDGET), MIN_WAIT, MAX_WAIT)
     # a probe can only change the choice if it could lift the worst row: none may sit below the floor
     probeable = jnp.any(active) & jnp.all(~active | (a >= PROBE_FLOOR))
     probe = (best == 0) & (est.plain_run >= wait) & probeable
-    return jnp.where(probe, spec, best)
+    return _probe_tree(est, ks, costs, tokens, jnp.where(probe, spec, best))
+
+
+def _probe_tree(est: Estimate, ks: tuple, costs, tokens, choice):
+    """A tree is judged by its own steps only, so while chains win it would never be tried again: after
+    some chain steps, one tree step probes it, the wait set as for K = 0 probes (its expected loss
+    against the chosen chain over PROBE_BUDGET of the time between probes)."""
+    trees = [i for i, arm in enumerate(ks) if isinstance(arm, Tree)]
+    if not trees:
+        return choice
+    t = trees[0]
+    loss = costs[t] - tokens[t] * costs[choice] / tokens[choice]       # plain steps lost by the probe
+    wait = jnp.clip(jnp.ceil(loss / (PROBE_BUDGET * costs[choice])), MIN_WAIT, MAX_WAIT)
+    is_chain = jnp.asarray([not isinstance(arm, Tree) and arm > 0 for arm in ks])[choice]
+    return jnp.where(is_chain & (est.since_tree >= wait), t, choice).astype(jnp.int32)
 
 
 def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Array,
@@ -107,7 +122,8 @@ def update(est: Estimate, K: jax.Array, num_accepted: jax.Array, active: jax.Arr
     seen = zeros.at[context].add(live.astype(jnp.float32)) > 0
     acc = jnp.where(seen, DECAY * est.accepted, est.accepted) + zeros.at[context].add(jnp.where(live, num_accepted, 0))
     trials = jnp.where(seen, DECAY * est.trials, est.trials) + zeros.at[context].add(jnp.where(live, tried, 0))
-    return est._replace(accepted=acc, trials=trials, plain_run=jnp.where(K == 0, est.plain_run + 1, 0))
+    return est._replace(accepted=acc, trials=trials, plain_run=jnp.where(K == 0, est.plain_run + 1, 0),
+                        since_tree=est.since_tree + jnp.where(K > 0, 1, 0))
 
 
 def update_tree(est: Estimate, num_accepted: jax.Array, active: jax.Array, context: jax.Array) -> Estimate:
@@ -117,7 +133,7 @@ def update_tree(est: Estimate, num_accepted: jax.Array, active: jax.Array, conte
     tokens = jnp.where(seen, DECAY * est.tree_tokens, est.tree_tokens) + \
         zeros.at[context].add(jnp.where(active, num_accepted + 1, 0).astype(jnp.float32))
     steps = jnp.where(seen, DECAY * est.tree_steps, est.tree_steps) + zeros.at[context].add(active.astype(jnp.float32))
-    return est._replace(tree_tokens=tokens, tree_steps=steps, plain_run=jnp.int32(0))
+    return est._replace(tree_tokens=tokens, tree_steps=steps, plain_run=jnp.int32(0), since_tree=jnp.int32(0))
 
 
 def speculation_can_pay(ks: tuple, costs, prior, errors=None) -> bool:

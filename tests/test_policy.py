@@ -113,6 +113,36 @@ def test_probes_wait_for_their_expected_loss():
     assert probe([1, 1]) == 1 and probe([0, 1]) == 0
 
 
+def test_a_tree_is_taken_where_it_pays_and_probed_rarely_where_it_costs_more():
+    """Arms: K in 0, 1, 2, 5 and a Tree of depth 5. Before any tree step its expected tokens are the
+    K = 5 chain's; after, its own steps' mean. Where verifying the tree costs far more than the chain
+    (this CPU: 32 nodes ~ 3.9 plain steps) the chain is chosen, with a tree probe every few tens of
+    steps; where it costs about as much (an accelerator), a tree that keeps more is chosen."""
+    tree = jaxspec.Tree(budget=32, depth=5, top_k=4)
+    arms = KS + (tree,)
+    pick = lambda est, costs: arms[int(policy.choose(est, arms, jnp.asarray(costs, jnp.float32), ONE, LIVE))]
+
+    def run(costs, tree_tokens, chain_accepted=2, steps=200):
+        est, chosen = _after(10, 5, chain_accepted), []
+        for _ in range(steps):
+            arm = pick(est, costs)
+            chosen.append(arm)
+            if arm == tree:
+                est = policy.update_tree(est, jnp.asarray([tree_tokens - 1], jnp.int32), LIVE, ONE)
+            else:
+                est = policy.update(est, jnp.int32(arm), jnp.asarray([min(chain_accepted, arm)], jnp.int32), LIVE, ONE)
+        return chosen
+
+    cpu = run([1.0, 1.3, 1.6, 2.3, 3.9], tree_tokens=3.6)          # the tree keeps 0.6 more, at 1.6 more steps
+    probes = [i for i, arm in enumerate(cpu) if arm == tree]
+    assert 2 <= len(probes) <= 12 and all(cpu[i] in (1, 2, 5) for i in range(len(cpu)) if i not in probes), probes
+    gpu = run([1.0, 1.02, 1.04, 1.1, 1.15], tree_tokens=3.6)         # verifying 33 tokens ~ one
+    assert gpu.count(tree) > 150
+    # no tree evidence yet: the tree counts as the K = 5 chain, so a costlier tree is not taken first
+    assert pick(_after(10, 5, 2), [1.0, 1.3, 1.6, 2.3, 3.9]) != tree
+    assert not policy.speculation_can_pay(arms, [1.1, 2.0, 3.0, 7.0, 8.0], [0.5])
+
+
 def test_ngram_context_is_its_match_length_and_priors_come_from_metadata():
     from jaxspec.drafters.base import Context
     history = jnp.asarray([[5, 6, 7, 8, 5, 6, 7, 0], [1, 2, 3, 4, 9, 9, 9, 9], [4, 1, 2, 3, 2, 0, 0, 0]])
