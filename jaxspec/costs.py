@@ -187,6 +187,8 @@ def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attent
     greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
     device = jax.devices()[0]
     # the target by its shapes and dtype (what a step's time depends on), not a hash of its weights
+    placed = getattr(cache.k, "sharding", None)
+    mesh = tuple(placed.mesh.shape.items()) if isinstance(placed, jax.sharding.NamedSharding) else None
     key = (device.platform, device.device_kind, model.source, cfg, str(params["embed"].dtype), drafter.static_key(),
-           ks, B, greedy, live_attention)                # one measurement serves every cache size
+           ks, B, greedy, live_attention, mesh)          # one measurement serves every cache size
     return measure_costs(key, plain, spec, make_args, ks)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import policy
+from . import policy, sharding
 from .config import ModelConfig
 from .costs import step_costs
 from .decode.batch import (LIVE_ATTENTION_MIN_BATCH, check_capacity, check_drafter, check_limits, check_prompts,
@@ -89,9 +89,29 @@ def _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention, 
     return drafter, costs, measured["seconds"], {arm_key(k): float(c) for k, c in zip(ks, costs)}
 
 
-def _loop(model, drafter, ks, costs, tokens, lengths, limits, cache, params_s, eos_ids, key, N, live_attention):
-    """Prefill and the decode loop, each compiled once per shape. -> (loop result, compile s, prefill s,
-    decode s)."""
+def _placed(model, mesh):
+    """The model with its weights placed on the mesh (sharding.shard_params), kept while it lives."""
+    if mesh is None:
+        return model
+    key = (id(model), mesh)
+    if key not in _PLACED or _PLACED[key][0] is not model:
+        _PLACED.clear()                                  # one placed model at a time: its weights are big
+        _PLACED[key] = (model, dataclasses.replace(model, params=sharding.shard_params(model.params, mesh)))
+    return _PLACED[key][1]
+
+
+_PLACED: dict = {}
+
+
+def _drafter_params(drafter, model, mesh):
+    params = drafter.params_for(model)
+    return params if mesh is None else sharding.shard_params(params, mesh)
+
+
+def _loop(model, drafter, ks, costs, tokens, lengths, limits, cache, params_s, eos_ids, key, N, live_attention,
+          mesh=None):
+    """Prefill and the decode loop, each compiled once per shape (and placement). -> (loop result,
+    compile s, prefill s, decode s)."""
     cfg = model.config
     hidden_layers = drafter.hidden_layers if drafter is not None else ()
     args = (model.params, tokens, lengths, cache, params_s, key)
@@ -107,7 +127,7 @@ def _loop(model, drafter, ks, costs, tokens, lengths, limits, cache, params_s, e
                                         {"cfg": cfg, "capacity_out": N, "live_attention": live_attention},
                                         args, donate=(3,))
     else:
-        args = (model.params, drafter.params_for(model), tokens, lengths, limits, cache, params_s, eos_ids, key,
+        args = (model.params, _drafter_params(drafter, model, mesh), tokens, lengths, limits, cache, params_s, eos_ids, key,
                 first, features, jnp.asarray(costs), jnp.asarray(drafter.prior_acceptance, jnp.float32))
         loop, loop_compile_s = compiled(("speculative", cfg, drafter.static_key(), ks, N, live_attention),
                                         speculative, {"cfg": cfg, "drafter": drafter, "ks": ks, "capacity_out": N,
@@ -130,7 +150,7 @@ def _acceptance(stats: Stats, acc, ks, adaptive: bool) -> None:
 def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
              sampling: SamplingArg = Sampling(), drafter: Optional[Drafter] = None, num_draft_tokens: int = 5,
              seed: int = 0, max_cache_len: Optional[int] = None, adaptive: bool = True,
-             step_costs: Optional[dict] = None, tree: Optional[Tree] = None) -> GenerateOutput:
+             step_costs: Optional[dict] = None, tree: Optional[Tree] = None, mesh=None) -> GenerateOutput:
     """Generate up to max_new_tokens per prompt (token-id lists) with the target `model`.
 
     drafter=None is plain autoregressive decoding; with a drafter every step proposes up to
@@ -144,7 +164,9 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
     every K in policy.candidates(K) pins them instead (out.stats.step_costs of an earlier run).
     adaptive=False: K fixed. tree=jaxspec.Tree(budget, depth, top_k): the drafter may also draft a
     token tree, verified in one pass (jaxspec/tree.py); adaptive, the policy weighs it against the
-    chains at its measured cost; adaptive=False, every step is a tree step. Returns tokens, texts and stats.
+    chains at its measured cost; adaptive=False, every step is a tree step. mesh: a jax.sharding.Mesh
+    with axes ("data", "model") (jaxspec.sharding.make_mesh): the same loops run sharded, rows over
+    "data" and weights over "model" (jaxspec/sharding.py). Returns tokens, texts and stats.
     """
     cfg: ModelConfig = model.config
     K = check_drafter(drafter, num_draft_tokens, model) if drafter is not None else 0
@@ -158,6 +180,9 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
     eos_ids = jnp.asarray(list(getattr(model.tokenizer, "eos_token_ids", ()) or ()) or [-1], jnp.int32)
     tokens, lengths, cache, N = padded_batch(model, rows, int(limits.max()), extra)
     tokens, limits, key = jnp.asarray(tokens), jnp.asarray(limits), jax.random.PRNGKey(seed)
+    if mesh is not None:
+        model, cache = _placed(model, mesh), sharding.shard_cache(cache, mesh)
+        tokens, lengths, limits, params_s = sharding.shard_rows((tokens, lengths, limits, params_s), mesh)
     live_attention = B >= LIVE_ATTENTION_MIN_BATCH
     ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
     if tree is not None:
@@ -168,7 +193,7 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
                                                  step_costs)
         plainly = drafter is None
     result, compile_s, prefill_s, decode_s = _loop(model, drafter, ks, costs, tokens, lengths, limits, cache,
-                                                   params_s, eos_ids, key, N, live_attention)
+                                                   params_s, eos_ids, key, N, live_attention, mesh)
     out, count = np.asarray(result[0]), np.asarray(result[1])
     new = [out[i, :count[i]].tolist() for i in range(B)]
     total, wall = int(count.sum()), prefill_s + decode_s

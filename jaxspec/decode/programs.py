@@ -20,7 +20,7 @@ def compiled(tag: tuple, fn, static: dict, args: tuple, donate: tuple):
     """AOT-compile fn for these argument shapes once; -> (executable, seconds spent compiling now).
 
     tag names everything static that changes the program (hashable); static are fn's keyword args."""
-    shapes = tuple((a.shape, a.dtype) for a in jax.tree_util.tree_leaves(args))
+    shapes = tuple((a.shape, a.dtype, _placement(a)) for a in jax.tree_util.tree_leaves(args))
     key = (tag, shapes)
     if key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
@@ -32,6 +32,12 @@ def compiled(tag: tuple, fn, static: dict, args: tuple, donate: tuple):
     while len(_PROGRAMS) > MAX_PROGRAMS:
         _PROGRAMS.popitem(last=False)
     return exe, time.perf_counter() - start
+
+
+def _placement(a):
+    """A mesh placement changes the program (jaxspec/sharding.py); single-device arrays all compile alike."""
+    s = getattr(a, "sharding", None)
+    return s if isinstance(s, jax.sharding.NamedSharding) else None
 
 
 def held() -> int:
