@@ -189,7 +189,7 @@ def _speedups(agg: dict, plain: dict) -> dict:
 
 def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, ks, batch: int = 1,
                    sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True,
-                   repeats: int = 1, trees=()) -> dict:
+                   repeats: int = 1, trees=(), mesh=None) -> dict:
     """Plain decoding, each drafter at each fixed K, each fixed tree (trees: jaxspec.Tree shapes; the
     drafters that draft trees) and (adaptive=True) with adaptive K up to max(ks), and with the largest
     tree offered too, on groups of `batch` prompts (taken in order of length bucket), each group run by
@@ -223,7 +223,8 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, k
     index_groups = batches(sorted(range(len(prompts_ids)), key=lambda i: bucket(len(prompts_ids[i]))), batch)
     groups = [[prompts_ids[i] for i in g] for g in index_groups]
     run = lambda group, d, k, ad, t: generate(model, group, max_new_tokens=max_new_tokens, sampling=sampling,
-                                              drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed, tree=t)
+                                              drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed, tree=t,
+                                              mesh=mesh)
     desc = f"bench: batch {batch}, temperature {sampling.temperature:g}"
     bar = tqdm(total=len(configs) * (repeats * len(groups) + 1), desc=desc, unit="run", disable=not progress)
     compile_s = {}
@@ -308,8 +309,9 @@ def bench_transformers(source_path: str, prompts_ids, max_new_tokens: int, eos_i
 def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max_new_tokens: int = 128,
         peer: str | None = None, out_dir: str | None = None, drafters=("ngram",), ks=(5,), batch_sizes=(1,),
         temperatures=(0.0,), adaptive: bool = True, repeats: int = 1, source: str | None = None,
-        trees=()) -> dict:
+        trees=(), mesh=None) -> dict:
     from .loading import load
+    from .sharding import describe
     from .loading.registry import NAMED_MODELS, resolve_named
     from .sampling import Sampling
 
@@ -322,7 +324,7 @@ def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max
     result = {"model": model_name, "backend": jax.default_backend(), "prompts": len(ids),
               "prompt_file": prompt_file or paths.prompt_file(EVAL_PROMPTS), "source": source, "max_new_tokens": max_new_tokens,
               "ks": list(ks), "adaptive": adaptive, "repeats": repeats, "runs": [],
-              "trees": [dataclasses.asdict(t) for t in trees]}
+              "trees": [dataclasses.asdict(t) for t in trees], "placement": describe(mesh)}
     if trees:             # what verifying N tokens costs here: where trees can pay
         result["verify_costs"] = {str(n): c for n, c in verify_costs(
             model, sorted({max(ks)} | {t.budget for t in trees}), ids[:1], max_new_tokens).items()}
@@ -330,7 +332,7 @@ def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max
         for batch in batch_sizes:
             decoders = bench_decoders(model, ids, max_new_tokens, made, ks=ks, batch=batch,
                                       sampling=Sampling(temperature=temperature),
-                                      adaptive=adaptive, repeats=repeats, trees=trees)
+                                      adaptive=adaptive, repeats=repeats, trees=trees, mesh=mesh)
             result["runs"].append({"batch": batch, "temperature": temperature, "decoders": decoders})
             print(f"batch {batch}, temperature {temperature}: " + ", ".join(
                 f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)
@@ -407,7 +409,10 @@ def _rows(d: dict) -> str:
 
 def markdown(r: dict) -> str:
     source = f" of source {r['source']}" if r.get("source") else ""
-    lines = [f"Model {r['model']} on {r['backend']}, {r['prompts']} prompts{source}, up to {r['max_new_tokens']} new "
+    place = r.get("placement") or {}
+    where = r["backend"] + (f" ({place['device_kind']}" + (f", mesh {place['mesh']}" if place.get("mesh") else "") + ")"
+                            if place else "")
+    lines = [f"Model {r['model']} on {where}, {r['prompts']} prompts{source}, up to {r['max_new_tokens']} new "
              "tokens. Speedup: tokens/s over plain decoding at the same batch size and sampling, same run, "
              "prompt pass included; decode: the same after each row's first token (the prompt pass apart); "
              f"{r.get('repeats', 1)} repeat(s), in brackets the range over repeats. "

@@ -18,6 +18,17 @@ def _sampling_args(p: argparse.ArgumentParser):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    _mesh_arg(p)
+
+
+def _mesh_arg(p: argparse.ArgumentParser):
+    p.add_argument("--mesh", default=None,
+                   help="run sharded on a device mesh, e.g. data=4,model=2 (jaxspec/sharding.py)")
+
+
+def _mesh(args):
+    from .sharding import parse_mesh
+    return parse_mesh(args.mesh) if getattr(args, "mesh", None) else None
 
 
 def _run(model_name: str, prompt: str, args, chat: bool = True):
@@ -34,7 +45,7 @@ def _run(model_name: str, prompt: str, args, chat: bool = True):
     else:
         ids = model.tokenizer.encode(prompt)
     out = jaxspec.generate(model, [ids], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                           seed=args.seed)
+                           seed=args.seed, mesh=_mesh(args))
     return model, out, load_s
 
 
@@ -102,7 +113,7 @@ def cmd_bench(args) -> int:
                        max_new_tokens=args.max_new_tokens, peer=args.peer, out_dir=args.out,
                        drafters=drafters, ks=ks, batch_sizes=batch_sizes, temperatures=temperatures,
                        adaptive=not args.no_adaptive, repeats=args.repeats, source=args.source,
-                       trees=_trees(args.trees))
+                       trees=_trees(args.trees), mesh=_mesh(args))
     print(bench.markdown(result))
     return 0
 
@@ -137,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-adaptive", action="store_true", help="fixed K only: leave out adaptive speculation")
     b.add_argument("--trees", default=None,
                    help="token trees to bench too: comma-separated budgets N (depth 5, top-k 4) or N:depth:top_k")
+    _mesh_arg(b)
     b.add_argument("--repeats", type=int, default=1,
                    help="run every decoder this many times (order rotated), with the range of its speedups")
     for plugin in entry_points(group="jaxspec.commands"):   # e.g. `train`, from the train package

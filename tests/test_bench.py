@@ -166,3 +166,26 @@ def test_drafter_memory_counts_own_weights_and_state():
     got = bench.drafter_memory(m, MTP(head, cfg), 3, 20, 12)
     own = sum(x.size for x in jax.tree_util.tree_leaves(head) if x.dtype != jax.numpy.int32)
     assert got["parameters"] == own + TINY.hidden_size * 40                # + the target rows it gathers
+
+
+def test_bench_trees_report_verify_costs_placement_and_a_plot(tmp_path):
+    import json
+
+    from jaxspec import Tree
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(f'{{"prompt": "question {i} {i} {i}"}}\n' for i in range(2)))
+    out = tmp_path / "out"
+    r = bench.run(tiny_model(), prompt_file=str(f), num_prompts=2, max_new_tokens=8, out_dir=str(out),
+                  drafters=("ngram", "truncated:1"), ks=(2,), trees=[Tree(4, 2, 2), Tree(8, 3, 2)])
+    decoders = r["runs"][0]["decoders"]
+    for name in ("ngram", "truncated:1"):
+        for n in (4, 8):
+            d = decoders[f"{name} tree N={n}"]
+            assert d["tree"]["budget"] == n and d["rows_as_plain"] == d["rows"] == 2 and d["step_cost"] > 0
+        assert decoders[f"{name} adaptive K<=2 +tree N=8"]["rows_as_plain"] == 2
+    assert set(r["verify_costs"]) == {"2", "4", "8"} and all(c > 0 for c in r["verify_costs"].values())
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["placement"]["mesh"] is None and saved["placement"]["device_kind"]
+    assert "Cost of one target pass over N + 1 tokens" in (out / "bench.md").read_text()
+    assert (out / "trees.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
