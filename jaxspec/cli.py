@@ -160,7 +160,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench}
     try:
-        return handlers[args.command](args) if args.command in handlers else args.handler(args)
+        if args.command not in handlers:                 # train: its mesh (if any) set for the whole command
+            mesh = _mesh(args)
+            if mesh is None:
+                return args.handler(args)
+            import jax
+            with jax.set_mesh(mesh):
+                return args.handler(args)
+        return handlers[args.command](args)
     except ValueError as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return 2

@@ -67,3 +67,30 @@ def test_rows_go_over_data_and_weights_over_model(sharded):
     for name in ("plain", "eagle", "draft"):
         assert any("'model'" in s for s in specs[f"{name} (2, 4)"]), (name, specs[f"{name} (2, 4)"])
         assert any("'data'" in s for s in specs[f"{name} (4, 2)"])
+
+
+from .test_train_loop import tiny_data  # noqa: E402,F401  (the fixture: self-distilled data of a tiny target)
+
+
+def test_sharded_training_matches_one_device_and_resumes_on_another_mesh(tiny_data, tmp_path):  # noqa: F811
+    """EAGLE steps with the batch over "data" and weights and optimizer state over "model": the losses
+    equal one device's within 1e-5 on (8, 1), (4, 2) and (2, 4); a run stopped after step 2 on (4, 2)
+    resumes on (8, 1) and on (1, 1) and its step 3 equals the uninterrupted run's."""
+    import numpy as np
+
+    _, data_dir, _ = tiny_data
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, os.path.join(HERE, "sharded_train.py"), data_dir, str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    ref = dict((s, v) for s, v in runs["(1, 1)"])
+    assert sorted(ref) == [1, 2, 3]
+    for shape in ("(8, 1)", "(4, 2)", "(2, 4)"):
+        got = dict((s, v) for s, v in runs[shape])
+        assert sorted(got) == [1, 2]
+        np.testing.assert_allclose([got[1], got[2]], [ref[1], ref[2]], rtol=0, atol=1e-5, err_msg=shape)
+    for shape in ("(8, 1)", "(1, 1)"):
+        got = dict((s, v) for s, v in runs[f"resumed on {shape}"])
+        assert sorted(got) == [1, 2, 3]
+        np.testing.assert_allclose(got[3], ref[3], rtol=0, atol=1e-5, err_msg=shape)

@@ -147,6 +147,8 @@ def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
                    help="stop after this step (saved, head written); --resume later continues the schedule")
     p.add_argument("--answer-only", action="store_true",
                    help="train only on positions whose drafts fall in the answers (not the prompts)")
+    p.add_argument("--mesh", default=None, help="train on a device mesh, e.g. data=4,model=2: the batch over data, "
+                   "weights and optimizer state over model (default: every device over data)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

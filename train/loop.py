@@ -23,6 +23,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
+from jaxspec.sharding import make_mesh, shard_params
+
 METRICS, SETTINGS, CKPT = "metrics.jsonl", "train_settings.json", "ckpt"
 
 
@@ -55,8 +57,14 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
 
 def data_mesh() -> Mesh:
-    """All devices on one "data" axis: the batch is split over them, parameters are replicated."""
-    return Mesh(np.asarray(jax.devices()), ("data",))
+    """All devices on the "data" axis (and a "model" axis of 1): the batch is split over them."""
+    return make_mesh(jax.device_count(), 1)
+
+
+def training_mesh() -> Mesh:
+    """The mesh set with jax.set_mesh (e.g. by `jaxspec train --mesh data=4,model=2`), else data_mesh()."""
+    mesh = jax.sharding.get_mesh()
+    return data_mesh() if mesh.empty else mesh
 
 
 def _step_fn(loss_fn: Callable, opt: optax.GradientTransformation):
@@ -150,18 +158,24 @@ def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: s
 
     loss_fn(params, frozen, batch) -> (loss, {name: array}); batches.batch(k) -> dict of arrays with
     the batch on axis 0; evaluate(params) -> dict, logged every cfg.eval_every steps and at the end;
-    on_step(step, record) is called after every logged step (tests use it to simulate a kill)."""
-    mesh = data_mesh()
-    n_dev = mesh.devices.size
+    on_step(step, record) is called after every logged step (tests use it to simulate a kill).
+
+    Sharded on training_mesh(): the batch over "data"; the parameters, the optimizer state and the
+    frozen target over "model" where jaxspec.sharding's rules split them (FSDP-style; all replicated
+    on a model axis of 1). A checkpoint restores onto the mesh of the run that resumes it."""
+    mesh = training_mesh()
+    rows_axis = mesh.shape["data"]
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     opt = make_optimizer(cfg)
     run = Run(out_dir, {**settings, "train": dataclasses.asdict(cfg)}, resume)
     params = jax.tree.map(jnp.copy, params)            # the step donates its state, never the caller's arrays
-    state = jax.device_put({"params": params, "opt_state": opt.init(params), "step": jnp.int32(0)}, replicated)
+    state = {"params": shard_params(params, mesh), "opt_state": shard_params(opt.init(params), mesh),
+             "step": jax.device_put(jnp.int32(0), replicated)}
     if resume:
         state = run.restore(state)
-    frozen = jax.device_put(frozen, replicated)
-    step_fn = jax.jit(_step_fn(loss_fn, opt), donate_argnums=0, out_shardings=(replicated, replicated))
+    frozen = shard_params(frozen, mesh)
+    placement = jax.tree.map(lambda x: x.sharding, state)
+    step_fn = jax.jit(_step_fn(loss_fn, opt), donate_argnums=0, out_shardings=(placement, replicated))
     schedule = learning_rate(cfg)
     start = int(state["step"])
     stop = cfg.steps if until is None else max(start, min(int(until), cfg.steps))
@@ -171,8 +185,8 @@ def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: s
         for k in range(start, stop):
             batch = batches.batch(k)
             rows = next(iter(batch.values())).shape[0]
-            if rows % n_dev:
-                raise ValueError(f"a batch of {rows} rows cannot be split over {n_dev} devices")
+            if rows % rows_axis:
+                raise ValueError(f"a batch of {rows} rows cannot be split over {rows_axis} devices")
             state, metrics = step_fn(state, frozen, jax.device_put(batch, split))
             tokens += int(batch["mask"].sum())
             done = k + 1
