@@ -27,6 +27,7 @@ from .drafters.base import Context
 from .models import forward
 from .policy import arm_length
 from .sampling import sample_tokens
+from .sharding import to_host
 from .tree import Tree
 
 _COSTS: dict = {}     # key -> measured costs, for the life of the process
@@ -184,7 +185,7 @@ def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attent
             return (cache, dstate), (n, emitted, hidden)
         return timed
 
-    greedy = bool(np.all(np.asarray(sampling["temperature"]) == 0))
+    greedy = bool(np.all(to_host(sampling["temperature"]) == 0))
     device = jax.devices()[0]
     # the target by its shapes and dtype (what a step's time depends on), not a hash of its weights
     placed = getattr(cache.k, "sharding", None)

@@ -80,8 +80,8 @@ def _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention, 
     float32[len(ks)], seconds spent measuring, {K: cost} for the stats)."""
     measured = _pinned(pinned, ks) if pinned is not None else \
         step_costs(model, drafter, ks, tokens, lengths, cache, params_s, live_attention)
-    costs = measured["costs"]
-    if not policy.speculation_can_pay(ks, costs, drafter.prior_acceptance, measured["errors"]):
+    costs = sharding.agreed(measured["costs"])
+    if not policy.speculation_can_pay(ks, costs, drafter.prior_acceptance, sharding.agreed(measured["errors"])):
         warnings.warn(f"{type(drafter).__name__}: no draft length is expected to pay at these step costs "
                       f"({', '.join(f'K={arm_key(k)}: {c:.2f}' for k, c in zip(ks, costs))} plain steps) and prior "
                       "acceptance; decoding plainly (out.stats.decoded_plainly)", stacklevel=3)
@@ -139,7 +139,7 @@ def _loop(model, drafter, ks, costs, tokens, lengths, limits, cache, params_s, e
 
 def _acceptance(stats: Stats, acc, ks, adaptive: bool) -> None:
     """Fill the acceptance statistics from the loop's AcceptCounts."""
-    acc = jax.tree_util.tree_map(np.asarray, acc)
+    acc = jax.tree_util.tree_map(sharding.to_host, acc)
     stats.mean_accepted_length = 1.0 + int(acc.accepted) / max(int(acc.steps), 1)
     stats.acceptance_rate = int(acc.accepted) / max(int(acc.drafted), 1)
     stats.per_position_acceptance = (acc.per_position / np.maximum(acc.drafted_per_position, 1)).tolist()
@@ -194,7 +194,7 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
         plainly = drafter is None
     result, compile_s, prefill_s, decode_s = _loop(model, drafter, ks, costs, tokens, lengths, limits, cache,
                                                    params_s, eos_ids, key, N, live_attention, mesh)
-    out, count = np.asarray(result[0]), np.asarray(result[1])
+    out, count = sharding.to_host(result[0]), sharding.to_host(result[1])
     new = [out[i, :count[i]].tolist() for i in range(B)]
     total, wall = int(count.sum()), prefill_s + decode_s
     stats = Stats(wall_seconds=wall, tokens_per_second=total / wall if wall > 0 else float("nan"),

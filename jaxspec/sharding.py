@@ -2,7 +2,10 @@
 
 generate(..., mesh=...) places the target's and the drafter's arrays with these rules and the batch
 (prompts, KV caches, per-row state) over "data"; jit then compiles the same loops for the placed
-arrays (GSPMD inserts the collectives), so there is no host round-trip per step.
+arrays (GSPMD inserts the collectives), so there is no host round-trip per step. Several hosts
+(jax.distributed.initialize() first): every process calls generate with the same prompts on a mesh
+of the global devices; each device computes its rows, and every process gets all the outputs
+(to_host). Step costs are process 0's (agreed), so all processes run the same program.
 
 Partition rules, by array name (models/llama.py layout; heads use the same names; a leading layer
 axis L of stacked weights stays whole):
@@ -100,6 +103,24 @@ def shard_cache(cache, mesh: Mesh):
     kv = NamedSharding(mesh, P(None, _divides(mesh, "data", B), None, _divides(mesh, "model", G), None))
     return cache._replace(k=jax.device_put(cache.k, kv), v=jax.device_put(cache.v, kv),
                           length=jax.device_put(cache.length, row_sharding(cache.length, mesh)))
+
+
+def to_host(x) -> np.ndarray:
+    """A result array as numpy on this process, gathered from the other processes' devices when a
+    mesh spans several (jax.distributed); every process gets the whole array."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def agreed(x) -> np.ndarray:
+    """Process 0's value of a host array on every process (jax.distributed; one process: x): what
+    each process measured alone (step costs) must not send their loops different ways."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(x)))
 
 
 def describe(mesh: Mesh | None) -> dict:

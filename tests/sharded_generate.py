@@ -19,6 +19,7 @@ from jaxspec.sharding import make_mesh  # noqa: E402
 from tests.conftest import TINY, tiny_model  # noqa: E402
 
 MESHES = [(8, 1), (4, 2), (2, 4)]
+PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2][: 2 + i] for i in range(7)] + [[5] * 11]     # 8 lengths (distributed_run)
 
 
 def drafters():

@@ -94,3 +94,43 @@ def test_sharded_training_matches_one_device_and_resumes_on_another_mesh(tiny_da
         got = dict((s, v) for s, v in runs[f"resumed on {shape}"])
         assert sorted(got) == [1, 2, 3]
         np.testing.assert_allclose(got[3], ref[3], rtol=0, atol=1e-5, err_msg=shape)
+
+
+def test_two_processes_generate_and_train_as_one(tiny_data, tmp_path):  # noqa: F811
+    """jax.distributed on localhost (CPU collectives over gloo), two processes of 2 devices each:
+    greedy generation on the 4-device mesh (adaptive: the step costs are process 0's) gives one
+    process's tokens in both, and one EAGLE step the one-device loss."""
+    import socket
+
+    import numpy as np
+
+    import jaxspec
+    from jaxspec.train import loop
+
+    from .conftest import tiny_model
+    from .sharded_generate import PROMPTS, drafters
+    from .test_train_loop import TRAINERS, chain_model
+
+    _, data_dir, _ = tiny_data
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    script, out = os.path.join(HERE, "distributed_run.py"), str(tmp_path / "run")
+    procs = [subprocess.Popen([sys.executable, script, str(i), str(port), data_dir, out], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=1200)
+        assert p.returncode == 0, stderr[-3000:]
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    for name in ("plain", "ngram", "eagle"):
+        one = jaxspec.generate(tiny_model(), PROMPTS, max_new_tokens=12, drafter=drafters()[name],
+                               num_draft_tokens=3).tokens
+        assert results[0]["tokens"][name] == results[1]["tokens"][name] == one, name
+    train, kw, _ = TRAINERS["eagle"]
+    cfg = loop.TrainConfig(steps=1, lr=3e-3, warmup=0, save_every=1, eval_every=0, log_every=1)
+    train(chain_model(), data_dir, str(tmp_path / "one"), cfg, **kw)
+    ref = [r["loss"] for r in loop.read_metrics(str(tmp_path / "one")) if "loss" in r]
+    assert len(ref) == 1 and results[0]["losses"] == results[1]["losses"]
+    np.testing.assert_allclose(results[0]["losses"], ref, rtol=0, atol=1e-5)

@@ -3,6 +3,8 @@ check, and the head written at the end with metadata (target, data, steps, measu
 from __future__ import annotations
 
 import dataclasses
+
+import jax
 from collections.abc import Callable
 
 from . import loop
@@ -46,6 +48,7 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
                   "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
                   "train_seconds": train_seconds, **training_meta},
         heldout_acceptance=last_eval)
-    drafter.save(out_dir)                      # bfloat16 on disk
-    plot_run(out_dir)
+    if jax.process_index() == 0:                # several processes (jax.distributed): one writer
+        drafter.save(out_dir)                  # bfloat16 on disk
+        plot_run(out_dir)
     return drafter

@@ -92,6 +92,9 @@ def read_metrics(out_dir: str) -> list[dict]:
 
 
 def append_metrics(out_dir: str, record: dict) -> None:
+    """One record on metrics.jsonl (by process 0 alone when jax.distributed runs several)."""
+    if jax.process_index() != 0:
+        return
     with open(os.path.join(out_dir, METRICS), "a") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -135,6 +138,8 @@ class Run:
 
     def _trim_metrics(self, step: int) -> None:
         """Drop log records of steps after the restored one (they will be run again)."""
+        if jax.process_index() != 0:
+            return
         keep = [r for r in read_metrics(self.out_dir) if r["step"] <= step]
         with open(os.path.join(self.out_dir, METRICS), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in keep)
