@@ -100,9 +100,26 @@ def _trees(text: str | None) -> list:
     return trees
 
 
+BENCH_DEFAULTS = {"num_prompts": 4, "max_new_tokens": 128, "drafters": "ngram", "k": "5", "batch_sizes": "1",
+                  "temperatures": "0", "trees": None, "out": None}
+# --preset accelerator: the sweep to run when a GPU or TPU is at hand (bfloat16 there, jaxspec.load)
+PRESETS = {"accelerator": {"num_prompts": 128, "max_new_tokens": 128, "drafters": "ngram,eagle,mtp,draft",
+                           "k": "3,5", "batch_sizes": "1,8,32,128", "temperatures": "0,0.7", "trees": "32",
+                           "out": "runs/accelerator"}}
+
+
+def bench_settings(args) -> None:
+    """Fill the bench flags left unset: from --preset, else BENCH_DEFAULTS (flags given win)."""
+    preset = PRESETS[args.preset] if args.preset else {}
+    for name, default in BENCH_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, preset.get(name, default))
+
+
 def cmd_bench(args) -> int:
     from . import bench
 
+    bench_settings(args)
     drafters = [d for d in args.drafters.split(",") if d]
     ks = _numbers(args.k, int, "-k")
     batch_sizes = _numbers(args.batch_sizes, int, "--batch-sizes")
@@ -135,16 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: eval.jsonl)")
     b.add_argument("--source", default=None,
                    help="only the prompts of this source (the rows' 'source' field: gsm8k-test, humaneval, vicuna-80)")
-    b.add_argument("--num-prompts", type=int, default=4)
-    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="accelerator: every drafter at K = 3, 5 and a 32-node tree, batch 1-128, greedy and 0.7, "
+                        "128 prompts, into runs/accelerator (flags given override it)")
+    b.add_argument("--num-prompts", type=int, default=None, help="default 4")
+    b.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
     b.add_argument("--peer", choices=["transformers"], default=None)
     b.add_argument("--out", default=None, help="folder for bench.json, bench.md, speedup.png, acceptance.png")
-    b.add_argument("--drafters", default="ngram",
+    b.add_argument("--drafters", default=None,
                    help="comma-separated: ngram, ngram:MAX:MIN, eagle, mtp, draft (shipped for the model), "
                         "eagle:PATH, mtp:PATH, draft:PATH, truncated:N ('' = plain only)")
-    b.add_argument("-k", "--k", default="5", help="comma-separated fixed draft lengths K (adaptive: up to the largest)")
-    b.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,4,16,64")
-    b.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7 (0 = greedy)")
+    b.add_argument("-k", "--k", default=None, help="comma-separated fixed draft lengths K (adaptive: up to the "
+                                                   "largest; default 5)")
+    b.add_argument("--batch-sizes", default=None, help="comma-separated, e.g. 1,4,16,64 (default 1)")
+    b.add_argument("--temperatures", default=None, help="comma-separated, e.g. 0,0.7 (0 = greedy; default 0)")
     b.add_argument("--no-adaptive", action="store_true", help="fixed K only: leave out adaptive speculation")
     b.add_argument("--trees", default=None,
                    help="token trees to bench too: comma-separated budgets N (depth 5, top-k 4) or N:depth:top_k")

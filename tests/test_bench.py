@@ -189,3 +189,27 @@ def test_bench_trees_report_verify_costs_placement_and_a_plot(tmp_path):
     assert saved["placement"]["mesh"] is None and saved["placement"]["device_kind"]
     assert "Cost of one target pass over N + 1 tokens" in (out / "bench.md").read_text()
     assert (out / "trees.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_accelerator_preset_fills_what_is_not_given_and_runs_in_a_tiny_setting(tmp_path):
+    """`jaxspec bench --preset accelerator` on the CPU, shrunk by flags: the preset's K values, trees
+    and temperatures reach the sweep, flags given win, and JSON, table and plots are written."""
+    from jaxspec import cli
+    from jaxspec.loading import default_dtype
+
+    args = cli.build_parser().parse_args(["bench", "--preset", "accelerator", "--num-prompts", "2",
+                                          "--max-new-tokens", "6", "--batch-sizes", "1,2", "--drafters", "ngram",
+                                          "--trees", "4:2:2", "--out", str(tmp_path)])
+    cli.bench_settings(args)
+    assert (args.k, args.temperatures, args.num_prompts, args.out) == ("3,5", "0,0.7", 2, str(tmp_path))
+    assert cli.build_parser().parse_args(["bench"]).k is None and str(default_dtype().dtype) == "float32"
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(f'{{"prompt": "question {i} {i} {i}"}}\n' for i in range(2)))
+    r = bench.run(tiny_model(), prompt_file=str(f), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                  out_dir=args.out, drafters=["ngram"], ks=[int(k) for k in args.k.split(",")],
+                  batch_sizes=[1, 2], temperatures=[float(t) for t in args.temperatures.split(",")],
+                  trees=cli._trees(args.trees), adaptive=False)
+    assert [(run["batch"], run["temperature"]) for run in r["runs"]] == [(1, 0.0), (2, 0.0), (1, 0.7), (2, 0.7)]
+    assert {"ngram K=3", "ngram K=5", "ngram tree N=4"} <= set(r["runs"][3]["decoders"])
+    for name in ("bench.json", "bench.md", "speedup.png", "trees.png"):
+        assert (tmp_path / name).stat().st_size > 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import jax
 import jax.numpy as jnp
 
 from ..model import Model
@@ -13,8 +14,15 @@ from .registry import NAMED_MODELS, resolve_named
 __all__ = ["load", "NAMED_MODELS"]
 
 
-def load(name_or_path: str, *, dtype=jnp.float32) -> Model:
-    """Load a model: a name from NAMED_MODELS, a .gguf path, or a folder (config.json + safetensors)."""
+def default_dtype():
+    """bfloat16 on GPU and TPU (weights, activations and KV cache), float32 on the CPU."""
+    return jnp.bfloat16 if jax.default_backend() in ("gpu", "cuda", "rocm", "tpu") else jnp.float32
+
+
+def load(name_or_path: str, *, dtype=None) -> Model:
+    """Load a model: a name from NAMED_MODELS, a .gguf path, or a folder (config.json + safetensors).
+    dtype: the weights' (and so the activations' and cache's) type; None: default_dtype()."""
+    dtype = default_dtype() if dtype is None else dtype
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path):
         raise ValueError(f"load() needs a model name or path, got {name_or_path!r}")
     source = str(name_or_path)
