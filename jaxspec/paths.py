@@ -1,8 +1,8 @@
 """Where the shipped checkpoints and the prompt files are: one root, documented and overridable.
 
 root(): $JAXSPEC_ROOT, else the repository that holds this package. The shipped heads are in
-root()/checkpoints/<model name>/<kind>; the prompt files (train.jsonl, train-mix.jsonl, eval.jsonl)
-in $JAXSPEC_PROMPTS, else root()/../shared/data/prompts. A missing file is an error that names
+root()/checkpoints/<model name>/<kind>; the prompt files (train.jsonl, train-mix.jsonl, eval.jsonl,
+with their sources and licences in SOURCES.md) in $JAXSPEC_PROMPTS, else root()/data/prompts. A missing file is an error that names
 the path looked at, never a quiet switch to something else. Measurements kept between runs
 (step costs, costs.py) go to cache_dir(): $JAXSPEC_CACHE, else $XDG_CACHE_HOME/jaxspec or ~/.cache/jaxspec.
 """
@@ -18,7 +18,7 @@ def root() -> str:
 
 
 def prompts_dir() -> str:
-    return os.path.abspath(os.environ.get(PROMPTS_ENV) or os.path.join(root(), "..", "shared", "data", "prompts"))
+    return os.path.abspath(os.environ.get(PROMPTS_ENV) or os.path.join(root(), "data", "prompts"))
 
 
 def cache_dir() -> str:

@@ -13,7 +13,7 @@ import os
 import numpy as np
 from jaxspec import paths
 
-DEFAULT_DIR = paths.prompts_dir()       # $JAXSPEC_PROMPTS, else ../shared/data/prompts beside the repository
+DEFAULT_DIR = paths.prompts_dir()       # $JAXSPEC_PROMPTS, else data/prompts in the repository
 
 
 def read_prompt_rows(path: str) -> list[dict]:
