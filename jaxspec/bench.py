@@ -84,22 +84,25 @@ def drafter_memory(model, drafter, K: int, prompt_len: int, max_new_tokens: int)
 def make_drafter(spec: str, model):
     """'ngram' | 'ngram:MAX:MIN' | 'draft:PATH' (a model folder or .gguf) | 'truncated:N' (first N layers)
     | 'eagle:PATH' | 'eagle' | 'mtp:PATH' | 'mtp' | 'draft' ('eagle', 'mtp', 'draft': the heads and the
-    distilled draft model shipped for the model, see paths.shipped_head)."""
-    from .drafters import MTP, DraftModel, Eagle, NGram, truncated
+    distilled draft model shipped for the model, drafters.shipped) | PATH (a saved head's folder, its
+    kind read from head.json, or a draft model's folder)."""
+    from .drafters import MTP, DraftModel, Eagle, NGram, shipped, truncated
 
     name, _, arg = spec.partition(":")
     if name == "ngram":
         return NGram(*(int(x) for x in arg.split(":"))) if arg else NGram()
-    if name == "draft":
-        return DraftModel.load(arg or paths.shipped_head(model.source, "draft"))
     if name == "truncated" and arg:
         return DraftModel(truncated(model, int(arg)))
-    if name == "eagle":
-        return Eagle.load(arg or paths.shipped_head(model.source, "eagle"))
-    if name == "mtp":
-        return MTP.load(arg or paths.shipped_head(model.source, "mtp"))
+    loaders = {"eagle": Eagle.load, "mtp": MTP.load, "draft": DraftModel.load}
+    if name in loaders:
+        return loaders[name](arg) if arg else shipped(model, name)
+    if os.path.isdir(spec):                       # a saved head's or draft model's folder
+        from .heads.io import META
+        kind = json.load(open(os.path.join(spec, META))).get("kind") if os.path.isfile(os.path.join(spec, META)) \
+            else "draft"
+        return loaders[kind](spec)
     raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft, draft:PATH, "
-                     f"truncated:N, eagle, eagle:PATH, mtp or mtp:PATH")
+                     f"truncated:N, eagle, eagle:PATH, mtp, mtp:PATH or a head's folder")
 
 
 def _aggregate(runs: list) -> dict:

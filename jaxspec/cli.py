@@ -44,9 +44,24 @@ def _run(model_name: str, prompt: str, args, chat: bool = True):
                                                   add_generation_prompt=True)
     else:
         ids = model.tokenizer.encode(prompt)
+    drafter = None
+    if getattr(args, "drafter", None):
+        from .bench import make_drafter
+        drafter = make_drafter(args.drafter, model)
+    trees = _trees(getattr(args, "tree", None))
     out = jaxspec.generate(model, [ids], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                           seed=args.seed, mesh=_mesh(args))
+                           seed=args.seed, mesh=_mesh(args), drafter=drafter, num_draft_tokens=getattr(args, "k", 5),
+                           adaptive=not getattr(args, "no_adaptive", False), tree=trees[0] if trees else None)
     return model, out, load_s
+
+
+def _speculation(s) -> str:
+    """', K used ..., mean accepted length ...' for a speculative run, '' for plain decoding."""
+    if s.acceptance_rate is None:
+        return ""
+    used = " ".join(f"{k}:{n}" for k, n in s.steps_per_k.items() if n)
+    return (f"; {s.mean_accepted_length:.2f} tokens per target pass, acceptance {s.acceptance_rate:.2f}"
+            + (f", steps per K {used}" if used else "") + (" (decoded plainly)" if s.decoded_plainly else ""))
 
 
 def cmd_generate(args) -> int:
@@ -60,7 +75,7 @@ def cmd_generate(args) -> int:
     else:
         print(out.texts[0])
         print(f"\n[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tokens/s; first token after "
-              f"{s.prefill_seconds:.2f} s, then {s.decode_tokens_per_second:.1f} tokens/s; "
+              f"{s.prefill_seconds:.2f} s, then {s.decode_tokens_per_second:.1f} tokens/s{_speculation(s)}; "
               f"compile {s.compile_seconds:.1f} s, load {load_s:.1f} s]", file=sys.stderr)
     return 0
 
@@ -146,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--no-chat", action="store_true", help="encode the prompt as is, no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--drafter", default=None, help="speculate with ngram, eagle, mtp, draft (shipped for the "
+                     "model), eagle:PATH, mtp:PATH, draft:PATH or a head's folder (default: plain decoding)")
+    gen.add_argument("-k", "--k", type=int, default=5, help="draft tokens per step (adaptive: at most)")
+    gen.add_argument("--no-adaptive", action="store_true", help="draft K tokens every step")
+    gen.add_argument("--tree", default=None, help="also draft token trees: N or N:depth:top_k")
     _sampling_args(gen)
     b = sub.add_parser("bench", help="decoding speed, measured as ratios in one run")
     b.add_argument("--model", default=DEFAULT_MODEL)

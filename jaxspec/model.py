@@ -21,12 +21,18 @@ def _logits(params, ids, cfg):
     return forward(params, ids, cache, cfg)[0]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Model:
     config: ModelConfig
     params: dict
     tokenizer: object
     source: str = ""
+
+    def __repr__(self):
+        c, dtype = self.config, self.params["embed"].dtype
+        size = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))
+        return (f"Model({self.source or 'unnamed'}: {size / 1e6:.1f}M parameters, {c.num_layers} layers, width "
+                f"{c.hidden_size}, {c.num_heads}/{c.num_kv_heads} heads, vocabulary {c.vocab_size}, {dtype})")
 
     def logits(self, ids) -> jax.Array:
         """int32[B, T] (or one list of ids) -> float32[B, T, V], causal, no cache kept."""

@@ -34,3 +34,30 @@ def test_cli_errors_are_clear():
     assert r.returncode == 2 and "known models: smollm2-135m-instruct" in r.stderr
     r = _jaxspec("generate", "--prompt", "hi", "--temperature", "-1")
     assert r.returncode == 2 and "temperature" in r.stderr
+
+
+@pytest.mark.slow
+def test_generate_speculates_from_the_command_line():
+    r = _jaxspec("generate", "--prompt", "List the numbers from 1 to 20, separated by commas.", "--max-new-tokens",
+                 "32", "--drafter", "ngram", "-k", "3", "--no-adaptive", "--json")
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)
+    plain = json.loads(_jaxspec("generate", "--prompt", "List the numbers from 1 to 20, separated by commas.",
+                                "--max-new-tokens", "32", "--json").stdout)
+    assert spec["tokens"] == plain["tokens"] and spec["stats"]["mean_accepted_length"] > 1.0
+    r = _jaxspec("generate", "--prompt", "Hi", "--max-new-tokens", "8", "--drafter", "eagle", "--tree", "8:3:2")
+    assert r.returncode == 0 and "tokens per target pass" in r.stderr, r.stderr
+
+
+def test_heads_load_by_model_name_and_a_missing_folder_says_not_found(tmp_path, monkeypatch):
+    from jaxspec.drafters import MTP, Eagle, shipped
+
+    monkeypatch.chdir(tmp_path)                     # relative paths resolve elsewhere
+    with pytest.raises(ValueError, match="eagle head not found: .*checkpoints/smollm2-135m-instruct/eagle"):
+        Eagle.load("checkpoints/smollm2-135m-instruct/eagle")
+    assert Eagle.load("smollm2-135m-instruct").cfg == shipped("smollm2-135m-instruct", "eagle").cfg
+    assert MTP.load("smollm2-135m-instruct").cfg.num_modules >= 1
+    with pytest.raises(ValueError, match="kind must be one of"):
+        shipped("smollm2-135m-instruct", "medusa")
+    r = _jaxspec("generate", "--prompt", "hi", "--drafter", "eagle:no/such/head")
+    assert r.returncode == 2 and "not found" in r.stderr

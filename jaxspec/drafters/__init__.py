@@ -5,4 +5,15 @@ from .eagle import Eagle
 from .mtp import MTP
 from .ngram import NGram
 
-__all__ = ["Context", "Drafter", "DraftModel", "Eagle", "MTP", "NGram", "truncated"]
+__all__ = ["Context", "Drafter", "DraftModel", "Eagle", "MTP", "NGram", "shipped", "truncated"]
+
+
+def shipped(model, kind: str) -> Drafter:
+    """The drafter trained here for a model (a Model or its name): kind "eagle", "mtp" or "draft",
+    from checkpoints/<model name>/<kind> (jaxspec.paths.shipped_head)."""
+    from ..paths import shipped_head
+
+    loaders = {"eagle": Eagle.load, "mtp": MTP.load, "draft": DraftModel.load}
+    if kind not in loaders:
+        raise ValueError(f"kind must be one of {sorted(loaders)}, got {kind!r}")
+    return loaders[kind](shipped_head(model if isinstance(model, str) else model.source, kind))

@@ -28,8 +28,24 @@ def _plain(x):
     raise TypeError(f"cannot store {type(x).__name__} in head.json")
 
 
+def head_folder(path: str, kind: str) -> str:
+    """A head's folder: `path` itself, or for a named model (jaxspec.load's names) the head shipped
+    for it (paths.shipped_head). ValueError when neither exists."""
+    from ..loading.registry import NAMED_MODELS
+    from ..paths import shipped_head
+
+    if os.path.isdir(path):
+        return path
+    if path in NAMED_MODELS:
+        return shipped_head(path, kind)
+    raise ValueError(f"{kind} head not found: {os.path.abspath(path)} is not a folder (give a head's folder, "
+                     f"or a model name for its shipped head: {', '.join(sorted(NAMED_MODELS))})")
+
+
 def load_head(path: str, kind: str, dtype=jnp.float32) -> tuple[dict, dict, dict]:
-    """-> (config dict, params, metadata); ValueError for a missing, truncated or foreign head."""
+    """path: a head's folder or a named model (head_folder) -> (config dict, params, metadata);
+    ValueError for a missing, truncated or foreign head."""
+    path = head_folder(path, kind)
     meta_path, params_path = os.path.join(path, META), os.path.join(path, PARAMS)
     if not os.path.isfile(meta_path) or not os.path.isfile(params_path):
         raise ValueError(f"{path} is not a {kind} head: it needs {META} and {PARAMS}")
