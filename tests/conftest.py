@@ -31,8 +31,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_cost_cache(tmp_path_factory):
-    """Step costs measured by the tests go to a folder of this session, not the user's cache."""
+    """Step costs, compiled programs and cached weights (jaxspec/warm.py) of the tests go to a folder of
+    this session, not the user's cache."""
     os.environ["JAXSPEC_CACHE"] = str(tmp_path_factory.mktemp("jaxspec-cache"))
+    jax.config.update("jax_compilation_cache_dir", os.path.join(os.environ["JAXSPEC_CACHE"], "xla"))
     yield
 
 

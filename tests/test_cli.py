@@ -61,3 +61,27 @@ def test_heads_load_by_model_name_and_a_missing_folder_says_not_found(tmp_path, 
         shipped("smollm2-135m-instruct", "medusa")
     r = _jaxspec("generate", "--prompt", "hi", "--drafter", "eagle:no/such/head")
     assert r.returncode == 2 and "not found" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_second_load_reads_the_kept_weights_and_gives_the_same_model(smollm, monkeypatch):
+    """jaxspec/warm.py: after one load of the GGUF, the next reads the kept float weights and fields
+    (the GGUF reader is not called) and gives the same config, weights and tokenizer."""
+    import gguf
+    import jax
+    import numpy as np
+
+    import jaxspec
+
+    jaxspec.load("smollm2-135m-instruct")                # keeps them (this session's cache folder)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read the GGUF")))
+    warm = jaxspec.load("smollm2-135m-instruct")
+    assert warm.config == smollm.config
+    for a, b in zip(jax.tree_util.tree_leaves(warm.params), jax.tree_util.tree_leaves(smollm.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    chat = [{"role": "user", "content": "Hi <|im_end|> there"}]
+    assert warm.tokenizer.apply_chat_template(chat, add_generation_prompt=True) == \
+        smollm.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+    monkeypatch.setenv("JAXSPEC_WARM_START", "0")                 # off: the GGUF is read again
+    with pytest.raises(ValueError, match="read the GGUF"):
+        jaxspec.load("smollm2-135m-instruct")

@@ -6,6 +6,7 @@ import os
 import gguf
 import numpy as np
 
+from .. import warm
 from ..config import ModelConfig
 from ..tokenizer import Tokenizer
 from .weights import assemble_params
@@ -30,18 +31,39 @@ def read_fields(reader: gguf.GGUFReader) -> dict:
 
 
 def load_gguf(path: str, dtype):
-    """-> (ModelConfig, params, Tokenizer). Raises ValueError for files that are not readable GGUF."""
+    """-> (ModelConfig, params, Tokenizer). Raises ValueError for files that are not readable GGUF.
+    The fields and dequantized tensors are kept for the next process (jaxspec/warm.py)."""
     if not os.path.isfile(path):
         raise ValueError(f"model file not found: {path}")
+    cached = warm.read_weights(path)
+    if cached is not None:
+        fields, floats = cached
+        return _assemble(fields, floats.__contains__, floats.get, dtype)
     try:
         reader = gguf.GGUFReader(path)
         fields = read_fields(reader)
     except Exception as e:  # the gguf package raises assorted errors on bad bytes
         raise ValueError(f"cannot read GGUF file {path}: {e}") from e
+    tensors, floats = {t.name: t for t in reader.tensors}, {}
+
+    def dequantized(gname):
+        t = tensors[gname]
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise ValueError(f"cannot dequantize {gname} in {path}: {e}") from e
+        floats[gname] = np.asarray(w, np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
+        return floats[gname]
+
+    result = _assemble(fields, tensors.__contains__, dequantized, dtype)
+    warm.write_weights(path, fields, floats)
+    return result
+
+
+def _assemble(fields: dict, has, tensor, dtype):
+    """(config, params, tokenizer) from GGUF fields and tensor(GGUF name) -> float32 array (has(name): present)."""
     cfg = ModelConfig.from_gguf(fields)
-    tensors = {t.name: t for t in reader.tensors}
-    tied = "output.weight" not in tensors
-    cfg = ModelConfig(**{**cfg.__dict__, "tie_word_embeddings": tied})
+    cfg = ModelConfig(**{**cfg.__dict__, "tie_word_embeddings": not has("output.weight")})
 
     def read(name, layer):
         if layer is None:
@@ -49,18 +71,11 @@ def load_gguf(path: str, dtype):
         else:
             suffix = "bias" if name in ("bq", "bk", "bv") else "weight"
             gname = f"blk.{layer}.{_LAYER_NAMES[name]}.{suffix}"
-        t = tensors.get(gname)
-        if t is None:
+        if not has(gname):
             return None
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise ValueError(f"cannot dequantize {gname} in {path}: {e}") from e
-        w = np.asarray(w, np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
+        w = tensor(gname)
         if cfg.architecture == "llama" and name in ("q", "k"):
             w = unpermute_rope_rows(w, cfg.num_heads if name == "q" else cfg.num_kv_heads)
         return w
 
-    params = assemble_params(cfg, read, dtype)
-    tokenizer = Tokenizer.from_gguf(fields)
-    return cfg, params, tokenizer
+    return cfg, assemble_params(cfg, read, dtype), Tokenizer.from_gguf(fields)
