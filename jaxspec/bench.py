@@ -229,9 +229,11 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, k
                                               drafter=d, num_draft_tokens=max(k, 1), adaptive=ad, seed=seed, tree=t,
                                               mesh=mesh)
     desc = f"bench: batch {batch}, temperature {sampling.temperature:g}"
-    bar = tqdm(total=len(configs) * (repeats * len(groups) + 1), desc=desc, unit="run", disable=not progress)
+    # one generation = one decoder on one group of `batch` prompts; the first of each decoder compiles
+    bar = tqdm(total=len(configs) * (repeats * len(groups) + 1), desc=desc, unit="generation", disable=not progress)
     compile_s = {}
     for label, d, k, ad, t in configs:
+        bar.set_postfix_str(f"{label} (compiling)")
         compile_s[label] = run(groups[0], d, k, ad, t).stats.compile_seconds
         bar.update(1)
     runs = {label: [[] for _ in range(repeats)] for label, *_ in configs}     # [repeat][group] stats
@@ -242,6 +244,7 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, k
         for group, indices in zip(groups, index_groups):
             made_from += indices
             for label, d, k, ad, t in order:
+                bar.set_postfix_str(label)
                 out = run(group, d, k, ad, t)
                 runs[label][rep].append(out.stats)
                 made[label] += out.tokens

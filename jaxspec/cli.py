@@ -194,7 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every decoder this many times (order rotated), with the range of its speedups")
     for plugin in entry_points(group="jaxspec.commands"):   # e.g. `train`, from the train package
         plugin.load()(sub)
+    _show_defaults(parser)
     return parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """--help of every command and subcommand shows each option's default."""
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    for action in parser._actions:
+        if action.help is None and action.option_strings and action.default is not None:
+            action.help = " "                            # the formatter adds "(default: ...)" to help it prints
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_defaults(child)
 
 
 def main(argv=None) -> int:
