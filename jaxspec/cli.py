@@ -203,7 +203,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     for action in parser._actions:
         if action.help is None and action.option_strings and action.default is not None:
-            action.help = " "                            # the formatter adds "(default: ...)" to help it prints
+            action.help = "default: %(default)s"
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
                 _show_defaults(child)
