@@ -134,6 +134,14 @@ def bench_settings(args) -> None:
 def cmd_bench(args) -> int:
     from . import bench
 
+    if args.report:
+        text = bench.report(args.report)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        else:
+            print(text)
+        return 0
     bench_settings(args)
     drafters = [d for d in args.drafters.split(",") if d]
     ks = _numbers(args.k, int, "-k")
@@ -145,7 +153,7 @@ def cmd_bench(args) -> int:
                        max_new_tokens=args.max_new_tokens, peer=args.peer, out_dir=args.out,
                        drafters=drafters, ks=ks, batch_sizes=batch_sizes, temperatures=temperatures,
                        adaptive=not args.no_adaptive, repeats=args.repeats, source=args.source,
-                       trees=_trees(args.trees), mesh=_mesh(args))
+                       trees=_trees(args.trees), mesh=_mesh(args), command="jaxspec " + " ".join(sys.argv[1:]))
     print(bench.markdown(result))
     return 0
 
@@ -172,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: eval.jsonl)")
     b.add_argument("--source", default=None,
                    help="only the prompts of this source (the rows' 'source' field: gsm8k-test, humaneval, vicuna-80)")
+    b.add_argument("--report", nargs="+", default=None, metavar="BENCH_JSON",
+                   help="write BENCHMARKS.md (to --out, else print it) from these bench.json files; runs nothing")
     b.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="accelerator: every drafter at K = 3, 5 and a 32-node tree, batch 1-128, greedy and 0.7, "
                         "128 prompts, into runs/accelerator (flags given override it)")

@@ -108,6 +108,9 @@ def test_bench_run_writes_json_table_and_plots(tmp_path):
     assert "| ngram adaptive K<=2 |" in partial and "Bandwidth bound" not in partial
     for name in ("speedup.png", "acceptance.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = bench.report([str(out / "bench.json")])          # BENCHMARKS.md from the JSON
+    assert text.startswith("# Benchmarks") and "-k 2 --batch-sizes 1,2 --temperatures 0,0.7" in text
+    assert "| ngram adaptive K<=2 |" in text and saved["date"] in text and saved["machine"] in text
 
 
 def test_bench_prompt_file_and_drafter_names(tmp_path):
