@@ -81,14 +81,28 @@ def cmd_generate(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    print(f"jaxspec demo: {args.model}, greedy, plain autoregressive decoding\n")
+    """A chat answer plain, then with a drafter (--drafter, default ngram), side by side."""
+    import jaxspec
+    from .bench import make_drafter
+
+    print(f"jaxspec demo: {args.model}, greedy: plain decoding, then speculative with {args.drafter}\n")
     print(f"user> {DEMO_QUESTION}\n")
-    _, out, load_s = _run(args.model, DEMO_QUESTION, args)
+    drafter_spec, args.drafter = args.drafter, None
+    model, out, load_s = _run(args.model, DEMO_QUESTION, args)
     s = out.stats
     print(f"assistant> {out.texts[0]}\n")
     print(f"{s.new_tokens} new tokens in {s.wall_seconds:.2f} s = {s.tokens_per_second:.1f} tokens/s: the prompt "
           f"{s.prefill_seconds:.2f} s, then {s.decode_tokens_per_second:.1f} tokens/s "
           f"(compile {s.compile_seconds:.1f} s, load {load_s:.1f} s)")
+    ids = model.tokenizer.apply_chat_template([{"role": "user", "content": DEMO_QUESTION}], add_generation_prompt=True)
+    spec = jaxspec.generate(model, [ids], max_new_tokens=args.max_new_tokens, seed=args.seed,
+                            drafter=make_drafter(drafter_spec, model), num_draft_tokens=args.k)
+    t = spec.stats
+    print(f"\nspeculative ({drafter_spec}, adaptive K <= {args.k}): "
+          f"{'the same answer' if spec.tokens == out.tokens else 'A DIFFERENT ANSWER'}; {t.new_tokens} new tokens "
+          f"in {t.wall_seconds:.2f} s = {t.tokens_per_second:.1f} tokens/s "
+          f"({t.decode_tokens_per_second / s.decode_tokens_per_second:.2f}x plain after the prompt)"
+          f"{_speculation(t)} (compile and cost timing {t.compile_seconds:.1f} s)")
     return 0
 
 
@@ -163,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="a chat answer from the default model, with tokens/s")
     demo.add_argument("--model", default=DEFAULT_MODEL)
+    demo.add_argument("--drafter", default="ngram", help="the drafter of the speculative run (as generate's)")
+    demo.add_argument("-k", "--k", type=int, default=5, help="draft tokens per step, at most")
     _sampling_args(demo)
     gen = sub.add_parser("generate", help="generate from one prompt")
     gen.add_argument("--model", default=DEFAULT_MODEL, help="a named model, a .gguf file or a HF folder")

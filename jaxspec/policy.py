@@ -144,7 +144,7 @@ def speculation_can_pay(ks: tuple, costs, prior, errors=None) -> bool:
     steps, within two standard errors, and some K could pay at full acceptance: waiting at K = 0
     then costs little more than the probes, which find out whether the text is easier than the
     prior. Otherwise the loop would pay for the sync in every plain step; on this project's CPU that
-    lost 8-17% (docs in README, Measured)."""
+    lost 8-17% (docs/history.md)."""
     prior, costs = np.asarray(prior, np.float32), np.asarray(costs, np.float32)
     errors = np.zeros_like(costs) if errors is None else np.asarray(errors, np.float32)
     lengths = [arm_length(arm) for arm in ks]

@@ -27,6 +27,7 @@ def test_generate_json_and_demo():
     answer = r.stdout.split("assistant> ", 1)[1]
     assert re.search(r"scatter|light|wavelength", answer, re.I), answer
     assert re.search(r"^(\d+) new tokens in [\d.]+ s", answer, re.M).group(1) == "24"
+    assert "speculative (ngram, adaptive K <= 5): the same answer; 24 new tokens" in r.stdout
 
 
 def test_cli_errors_are_clear():
@@ -85,3 +86,17 @@ def test_a_second_load_reads_the_kept_weights_and_gives_the_same_model(smollm, m
     monkeypatch.setenv("JAXSPEC_WARM_START", "0")                 # off: the GGUF is read again
     with pytest.raises(ValueError, match="read the GGUF"):
         jaxspec.load("smollm2-135m-instruct")
+
+
+@pytest.mark.slow
+def test_the_readme_python_example_runs_as_written(tmp_path):
+    """The README's Python example, cut from the file and run in a fresh process."""
+    import os
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.py").write_text(code)
+    r = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True, timeout=900,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip()
