@@ -205,5 +205,6 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
                   tree=dataclasses.asdict(tree) if tree is not None else None)
     if drafter is not None:
         _acceptance(stats, result[3], ks, adaptive)
-    texts = [model.tokenizer.decode(t) for t in new] if model.tokenizer is not None else [""] * B
+    texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in new] if model.tokenizer is not None \
+        else [""] * B
     return GenerateOutput(tokens=new, texts=texts, stats=stats)

@@ -196,8 +196,8 @@ class Tokenizer:
         """Token ids of `text`; special tokens written in it are matched whole."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text of `ids`."""
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; special tokens kept unless skip_special_tokens (as Hugging Face's decode)."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[Mapping], add_generation_prompt: bool = False,

@@ -94,7 +94,7 @@ class ByteTokenizer:
     def encode(self, text, add_special_tokens=False):
         return [b % self.vocab_size for b in text.encode()]
 
-    def decode(self, ids, skip_special_tokens=True):
+    def decode(self, ids, skip_special_tokens=False):
         return " ".join(map(str, ids))
 
     def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):

@@ -130,8 +130,8 @@ def test_ids_and_decode_match_reference(ours, hf_ref, text):
     ids = ours.encode(text)
     assert ids == hf_ref.encode(text, add_special_tokens=False)
     assert ours.decode(ids, skip_special_tokens=False) == text
-    assert ours.decode(ids) == hf_ref.decode(ids, skip_special_tokens=True)
-    assert ours.decode(ids, skip_special_tokens=False) == hf_ref.decode(ids, skip_special_tokens=False)
+    assert ours.decode(ids, skip_special_tokens=True) == hf_ref.decode(ids, skip_special_tokens=True)
+    assert ours.decode(ids) == hf_ref.decode(ids)          # both keep special tokens by default
 
 
 def test_special_tokens(ours, hf_gguf):
@@ -140,7 +140,8 @@ def test_special_tokens(ours, hf_gguf):
     assert ours.eos_token_ids == (hf_gguf.eos_token_id,) == (2,)
     assert (ours.bos_token_id, ours.pad_token_id) == (hf_gguf.bos_token_id, hf_gguf.pad_token_id)
     assert ours.chat_template == hf_gguf.chat_template
-    assert ours.decode(ours.encode("<|im_start|>hi<|im_end|>")) == "hi"
+    assert ours.decode(ours.encode("<|im_start|>hi<|im_end|>"), skip_special_tokens=True) == "hi"
+    assert ours.decode(ours.encode("<|im_start|>hi<|im_end|>")) == "<|im_start|>hi<|im_end|>"
 
 
 @pytest.mark.parametrize("gen", [True, False])
@@ -214,6 +215,6 @@ def test_user_defined_tokens_and_add_bos(fields, ours):
     types[jupyter] = 4  # user-defined: matched whole, but not special, so decoding keeps it
     tok = Tokenizer.from_gguf({**fields, "tokenizer.ggml.token_type": types, "tokenizer.ggml.add_bos_token": True})
     assert tok.encode("x<jupyter_code>y") == [ours.encode("x")[0], jupyter, ours.encode("y")[0]]
-    assert tok.decode(tok.encode("x<jupyter_code>y<|im_end|>")) == "x<jupyter_code>y"
+    assert tok.decode(tok.encode("x<jupyter_code>y<|im_end|>"), skip_special_tokens=True) == "x<jupyter_code>y"
     assert tok.encode("hi", add_special_tokens=True) == [tok.bos_token_id, *tok.encode("hi")]
     assert ours.encode("hi", add_special_tokens=True) == ours.encode("hi")  # this GGUF adds no BOS
