@@ -106,6 +106,18 @@ def _exact_joint(model, prompt, sampling):
     return joint.reshape(-1)
 
 
+def assert_follows_law(rows: list, exact: np.ndarray, who) -> None:
+    """The first 3 tokens of ROWS sampled rows against the exact joint law [512]: nothing outside its
+    support, chi-square p > 1e-3 and total variation < 0.05."""
+    counts = np.bincount(np.array([t[0] * 64 + t[1] * 8 + t[2] for t in rows]), minlength=512)
+    assert counts[exact == 0].sum() == 0, f"{who}: sequences outside the allowed set"
+    keep = exact * ROWS >= 5
+    expected, observed = exact[keep] * ROWS, counts[keep].astype(float)
+    pvalue = stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    tvd = 0.5 * np.abs(counts / ROWS - exact).sum()
+    assert pvalue > 1e-3 and tvd < 0.05, f"{who}: p={pvalue:.2e}, TVD={tvd:.3f}"
+
+
 @pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=0.9, top_k=4),
                                       Sampling(temperature=1.2, top_p=0.8)], ids=["t1", "topk", "topp"])
 def test_sampled_speculative_matches_target_distribution(sampling):
@@ -119,15 +131,7 @@ def test_sampled_speculative_matches_target_distribution(sampling):
     for drafter in (NGram(), DraftModel(tiny_model(V8, seed=3, scale=0.8)), mtp, eagle):
         out = jaxspec.generate(target, [prompt] * ROWS, max_new_tokens=3, sampling=sampling,
                                drafter=drafter, num_draft_tokens=2, adaptive=False, seed=11)
-        codes = np.array([t[0] * 64 + t[1] * 8 + t[2] for t in out.tokens])
-        counts = np.bincount(codes, minlength=512)
-        assert counts[exact == 0].sum() == 0, f"{drafter}: sequences outside the allowed set"
-        keep = exact * ROWS >= 5
-        expected = exact[keep] * ROWS
-        observed = counts[keep].astype(float)
-        pvalue = stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
-        tvd = 0.5 * np.abs(counts / ROWS - exact).sum()
-        assert pvalue > 1e-3 and tvd < 0.05, f"{drafter}: p={pvalue:.2e}, TVD={tvd:.3f}"
+        assert_follows_law(out.tokens, exact, drafter)
         if not isinstance(drafter, NGram):
             assert 0 < out.stats.acceptance_rate < 1     # the draft really differs from the target
 
