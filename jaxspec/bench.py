@@ -190,6 +190,22 @@ def _speedups(agg: dict, plain: dict) -> dict:
             "decode_speedup": agg["decode_tokens_per_second"] / plain["decode_tokens_per_second"]}
 
 
+def _configs(drafters: dict, ks, adaptive: bool, trees) -> list:
+    """(label, drafter, K, adaptive, tree) of every decoder a bench runs, plain first."""
+    configs = [("plain", None, 0, False, None)] + [(f"{name} K={k}", d, k, False, None)
+                                                   for name, d in drafters.items() for k in ks]
+    tree_drafters = {name: d for name, d in drafters.items() if d.drafts_trees}
+    configs += [(f"{name} tree N={t.budget}", d, max(ks), False, t) for name, d in tree_drafters.items()
+                for t in trees]
+    if adaptive:
+        configs += [(f"{name} adaptive K<={max(ks)}", d, max(ks), True, None) for name, d in drafters.items()]
+        if trees:
+            big = max(trees, key=lambda t: t.budget)
+            configs += [(f"{name} adaptive K<={max(ks)} +tree N={big.budget}", d, max(ks), True, big)
+                        for name, d in tree_drafters.items()]
+    return configs
+
+
 def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, ks, batch: int = 1,
                    sampling=None, adaptive: bool = True, seed: int = 0, progress: bool = True,
                    repeats: int = 1, trees=(), mesh=None) -> dict:
@@ -210,17 +226,7 @@ def bench_decoders(model, prompts_ids, max_new_tokens: int, drafters: dict, *, k
     from .sampling import Sampling
 
     sampling = sampling or Sampling()
-    configs = [("plain", None, 0, False, None)] + [(f"{name} K={k}", d, k, False, None)
-                                                   for name, d in drafters.items() for k in ks]
-    tree_drafters = {name: d for name, d in drafters.items() if d.drafts_trees}
-    configs += [(f"{name} tree N={t.budget}", d, max(ks), False, t) for name, d in tree_drafters.items()
-                for t in trees]
-    if adaptive:
-        configs += [(f"{name} adaptive K<={max(ks)}", d, max(ks), True, None) for name, d in drafters.items()]
-        if trees:
-            big = max(trees, key=lambda t: t.budget)
-            configs += [(f"{name} adaptive K<={max(ks)} +tree N={big.budget}", d, max(ks), True, big)
-                        for name, d in tree_drafters.items()]
+    configs = _configs(drafters, ks, adaptive, trees)
     # one length bucket after another: each decoder compiles a bucket's programs once (generate keeps
     # MAX_PROGRAMS of them; nine decoders on prompts of alternating buckets recompiled in every run)
     index_groups = batches(sorted(range(len(prompts_ids)), key=lambda i: bucket(len(prompts_ids[i]))), batch)
@@ -341,14 +347,7 @@ def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max
                                       sampling=Sampling(temperature=temperature),
                                       adaptive=adaptive, repeats=repeats, trees=trees, mesh=mesh)
             result["runs"].append({"batch": batch, "temperature": temperature, "decoders": decoders})
-            print(f"batch {batch}, temperature {temperature}: " + ", ".join(
-                f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)
-            for name, d in decoders.items():
-                if d.get("rows_as_plain", 0) < d.get("rows", 0):
-                    print(f"  {name}: {d['rows'] - d['rows_as_plain']} of {d['rows']} greedy rows differ from "
-                          "plain decoding; first differences (prompt, new-token position, plain token, this "
-                          "token): " + ", ".join(f"({x['prompt']}, {x['position']}, {x['plain']}, {x['this']})"
-                                                 for x in d["differences"]), flush=True)
+            _print_run(batch, temperature, decoders)
             _save(result, out_dir)                    # so far: an interrupted sweep keeps what it measured
     result["memory"] = {spec: drafter_memory(model, d, max(ks), len(ids[0]), max_new_tokens)
                         for spec, d in made.items()}
@@ -377,6 +376,18 @@ def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max
         _save(result, out_dir)
         plot(result, out_dir)
     return result
+
+
+def _print_run(batch: int, temperature: float, decoders: dict) -> None:
+    """One line of speedups, and the greedy rows that differ from plain decoding (there should be none)."""
+    print(f"batch {batch}, temperature {temperature}: " + ", ".join(
+        f"{name} {d['speedup']:.2f}x" for name, d in decoders.items()), flush=True)
+    for name, d in decoders.items():
+        if d.get("rows_as_plain", 0) < d.get("rows", 0):
+            print(f"  {name}: {d['rows'] - d['rows_as_plain']} of {d['rows']} greedy rows differ from "
+                  "plain decoding; first differences (prompt, new-token position, plain token, this "
+                  "token): " + ", ".join(f"({x['prompt']}, {x['position']}, {x['plain']}, {x['this']})"
+                                         for x in d["differences"]), flush=True)
 
 
 def _machine() -> str:

@@ -180,9 +180,9 @@ def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
     eos_ids = jnp.asarray(list(getattr(model.tokenizer, "eos_token_ids", ()) or ()) or [-1], jnp.int32)
     tokens, lengths, cache, N = padded_batch(model, rows, int(limits.max()), extra)
     tokens, limits, key = jnp.asarray(tokens), jnp.asarray(limits), jax.random.PRNGKey(seed)
-    if mesh is not None:
-        model, cache = _placed(model, mesh), sharding.shard_cache(cache, mesh)
-        tokens, lengths, limits, params_s = sharding.shard_rows((tokens, lengths, limits, params_s), mesh)
+    if mesh is not None:                                 # weights over "model", rows over "data"
+        model, cache, (tokens, lengths, limits, params_s) = _placed(model, mesh), sharding.shard_cache(cache, mesh), \
+            sharding.shard_rows((tokens, lengths, limits, params_s), mesh)
     live_attention = B >= LIVE_ATTENTION_MIN_BATCH
     ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
     if tree is not None:
