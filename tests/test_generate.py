@@ -1,6 +1,7 @@
 """generate(): compile reuse, limits, sampling settings and bad input (tiny random model)."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -156,3 +157,26 @@ def test_compiled_programs_are_bounded(tiny, monkeypatch):
     assert TRACES["autoregressive"] == before + 1
     jaxspec.generate(tiny, [[7] * 100], max_new_tokens=4)   # still held
     assert TRACES["autoregressive"] == before + 1
+
+
+def test_bfloat16_weights_activations_and_cache_decode_losslessly():
+    """The dtype accelerators get (jaxspec.load's default there): a bfloat16 target and draft model, chain
+    and tree, give the bfloat16 target's plain greedy tokens. (EAGLE and MTP heads in bfloat16 stop
+    XLA CPU with "Unsupported element type for DotThunk: BF16 x BF16 = F32"; they run in bfloat16
+    on accelerators only.)"""
+    import jax.numpy as jnp
+
+    from jaxspec.drafters import DraftModel, NGram
+    from jaxspec.model import Model
+
+    from .conftest import TINY, tiny_model
+
+    bf16 = lambda m: Model(TINY, jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), m.params), m.tokenizer, "bf16")
+    target = bf16(tiny_model())
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 9]]
+    plain = jaxspec.generate(target, prompts, max_new_tokens=16).tokens
+    for drafter in (NGram(), DraftModel(bf16(tiny_model(seed=1)))):
+        for tree in (None, jaxspec.Tree(8, 3, 2)):
+            out = jaxspec.generate(target, prompts, max_new_tokens=16, drafter=drafter, num_draft_tokens=3,
+                                   adaptive=False, tree=tree)
+            assert out.tokens == plain, (drafter, tree)
