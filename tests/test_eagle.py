@@ -117,8 +117,11 @@ def test_save_load_round_trip_and_target_guard(tmp_path):
     (tmp_path / "head" / "params.safetensors").write_bytes(b"\x00" * 20)
     with pytest.raises(ValueError, match="corrupt or truncated"):
         Eagle.load(str(tmp_path / "head"))
-    with pytest.raises(ValueError, match="needs head.json"):
+    with pytest.raises(ValueError, match="eagle head not found"):
         Eagle.load(str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="needs head.json"):
+        Eagle.load(str(tmp_path / "empty"))
 
 
 def test_head_metadata_rejects_unknown_keys_and_a_head_it_does_not_describe():
