@@ -97,21 +97,6 @@ def greedy_tree_accept(tokens: jax.Array, parents: jax.Array, valid: jax.Array, 
     return n.astype(jnp.int32), path, emitted
 
 
-def verify_tree_greedy(params, cfg, cache, last: jax.Array, tokens: jax.Array, parents: jax.Array,
-                       valid: jax.Array, depth: int):
-    """One greedy target pass over a tree below `last` int32[B] (slot cache.length): -> (num_accepted
-    int32[B], emitted int32[B, depth + 1] (-1 past num_accepted + 1), the cache holding last and the
-    kept path, hidden-free). The emitted tokens are plain greedy decoding's next num_accepted + 1."""
-    from .cache import keep_path
-    from .models import forward
-
-    start = cache.length
-    inputs = jnp.concatenate([last[:, None], tokens], axis=1)                   # [B, N + 1]
-    logits, _, cache = forward(params, inputs, cache, cfg, tree=tree_inputs(start, parents, depth, cache.capacity))
-    n, path, emitted = greedy_tree_accept(tokens, parents, valid, jnp.argmax(logits, -1).astype(jnp.int32), depth)
-    return n, emitted, keep_path(cache, start, path)
-
-
 def _sampled_row(tokens, parents, valid, p, q, key, depth: int):
     """One row of sampled_tree_accept: tokens, parents int32[N], valid bool[N], p [N + 1, V], q [N, V]."""
     N = tokens.shape[0]

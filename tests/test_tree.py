@@ -131,7 +131,8 @@ def test_greedy_tree_verification_emits_what_plain_greedy_decoding_does():
     import jaxspec
     from jaxspec.cache import init_cache
     from jaxspec.models import forward
-    from jaxspec.tree import verify_tree_greedy
+    from jaxspec.decode.speculative import verify_tree
+    from jaxspec.sampling import Sampling, row_params
 
     from .conftest import TINY, tiny_model
     m, rng = tiny_model(), np.random.default_rng(5)
@@ -144,8 +145,9 @@ def test_greedy_tree_verification_emits_what_plain_greedy_decoding_does():
     cases = ((parents, tokens, valid, N, None), (greedy_chain, greedy_tokens, np.ones((1, N), bool), 4, 4))
     for par, tok, val, D, want_n in cases:
         cache = forward(m.params, jnp.asarray([prompt]), init_cache(TINY, 1, 32), TINY)[2]   # last = plain[0]
-        n, emitted, cache = verify_tree_greedy(m.params, TINY, cache, jnp.asarray([plain[0]]), jnp.asarray(tok),
-                                               jnp.asarray(par), jnp.asarray(val), D)
+        n, emitted, _, _, cache = verify_tree(m.params, cache, jnp.asarray([plain[0]]), jnp.asarray(tok),
+                                              jnp.asarray(par), jnp.asarray(val), None, row_params(Sampling(), 1),
+                                              jax.random.PRNGKey(0), cfg=TINY, depth=D)
         k = int(n[0])
         assert want_n is None or k == want_n
         assert emitted[0, :k + 1].tolist() == plain[1:k + 2]

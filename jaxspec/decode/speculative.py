@@ -116,15 +116,28 @@ def tree_step(params, dparams, cache, dstate, ctx: Context, key, *, cfg, drafter
     tokens, parents, valid, probs, dstate = drafter.propose_tree(dparams, dstate, ctx, k_draft, tree)
     check_tree(drafter, tokens, parents, valid, probs, ctx.last.shape[0], tree.budget, cfg.vocab_size)
     check_state(drafter, before, dstate, "propose_tree")
-    start, rows = cache.length, jnp.arange(ctx.last.shape[0])[:, None]
-    inputs = jnp.concatenate([ctx.last[:, None], tokens], axis=1)                  # [B, N + 1]
-    logits, hidden, cache = forward(params, inputs, cache, cfg, drafter.hidden_layers,
-                                    tree=tree_inputs(start, parents, tree.depth, cache.capacity))
-    n, path, emitted = accept_tree(tokens, parents, valid, probs, logits, ctx.sampling, k_accept, tree.depth)
+    n, emitted, path, hidden, cache = verify_tree(params, cache, ctx.last, tokens, parents, valid, probs,
+                                                  ctx.sampling, k_accept, cfg=cfg, depth=tree.depth,
+                                                  hidden_layers=drafter.hidden_layers)
+    rows = jnp.arange(ctx.last.shape[0])[:, None]
     on_path = jnp.concatenate([jnp.zeros_like(path[:, :1]), jnp.maximum(path + 1, 0)], axis=1)   # [B, D + 1]
     pad = width - (tree.depth + 1)
     hidden = jnp.pad(hidden[:, rows, on_path], ((0, 0), (0, 0), (0, pad), (0, 0)))
-    return n, jnp.pad(emitted, ((0, 0), (0, pad)), constant_values=-1), keep_path(cache, start, path), dstate, hidden
+    return n, jnp.pad(emitted, ((0, 0), (0, pad)), constant_values=-1), cache, dstate, hidden
+
+
+def verify_tree(params, cache, last, tokens, parents, valid, probs, sampling: dict, key, *, cfg, depth: int,
+                hidden_layers: tuple = ()):
+    """One target pass over [last int32[B], N nodes] (slot cache.length on) with the ancestor mask, then
+    lossless acceptance: -> (num_accepted int32[B], emitted int32[B, D + 1] (-1 past num_accepted + 1),
+    path int32[B, D] (node indices, -1 past num_accepted), hidden [L, B, N + 1, E], the cache holding last
+    and the kept path behind the old length)."""
+    start = cache.length
+    inputs = jnp.concatenate([last[:, None], tokens], axis=1)                       # [B, N + 1]
+    logits, hidden, cache = forward(params, inputs, cache, cfg, hidden_layers,
+                                    tree=tree_inputs(start, parents, depth, cache.capacity))
+    n, path, emitted = accept_tree(tokens, parents, valid, probs, logits, sampling, key, depth)
+    return n, emitted, path, hidden, keep_path(cache, start, path)
 
 
 def check_tree(drafter: Drafter, tokens, parents, valid, probs, B: int, N: int, V: int) -> None:
