@@ -170,18 +170,16 @@ def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attent
         return (cache, dstate), sample_tokens(key, logits, ctx.sampling)
 
     def spec(k):
+        """The timed step of one arm: a tree step for a Tree, else a chain of k drafts."""
         if isinstance(k, Tree):
             step = functools.partial(tree_step, cfg=cfg, drafter=drafter, tree=k, width=P)
         else:
-            step = functools.partial(spec_step, cfg=cfg, drafter=drafter, num_draft=k, width=P)
+            live = lambda cache: live_slots(cache, jnp.zeros((B,), bool), k + 1, live_attention)
+            step = lambda *args: spec_step(*args, live(args[2]), cfg=cfg, drafter=drafter, num_draft=k, width=P)
 
         def timed(params, dparams, cache, dstate, ctx, key):
             cache = rollback(cache, ctx.history_len - 1)
-            if isinstance(k, Tree):
-                n, emitted, cache, dstate, hidden = step(params, dparams, cache, dstate, ctx, key)
-            else:
-                live = live_slots(cache, jnp.zeros((B,), bool), k + 1, live_attention)
-                n, emitted, cache, dstate, hidden = step(params, dparams, cache, dstate, ctx, key, live)
+            n, emitted, cache, dstate, hidden = step(params, dparams, cache, dstate, ctx, key)
             return (cache, dstate), (n, emitted, hidden)
         return timed
 
