@@ -25,6 +25,7 @@ from .decode.prefill import prefill
 from .decode.programs import compiled
 from .decode.speculative import speculative
 from .drafters.base import Drafter
+from .model import Model
 from .sampling import Sampling, SamplingArg, row_params
 from .tree import Tree
 
@@ -147,10 +148,11 @@ def _acceptance(stats: Stats, acc, ks, adaptive: bool) -> None:
         stats.steps_per_k = {arm_key(k): int(c) for k, c in zip(ks, acc.k_steps)}
 
 
-def generate(model, prompts, max_new_tokens: Union[int, Sequence[int]] = 128, *,
+def generate(model: Model, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, Sequence[int]] = 128, *,
              sampling: SamplingArg = Sampling(), drafter: Optional[Drafter] = None, num_draft_tokens: int = 5,
              seed: int = 0, max_cache_len: Optional[int] = None, adaptive: bool = True,
-             step_costs: Optional[dict] = None, tree: Optional[Tree] = None, mesh=None) -> GenerateOutput:
+             step_costs: Optional[dict] = None, tree: Optional[Tree] = None,
+             mesh: Optional[jax.sharding.Mesh] = None) -> GenerateOutput:
     """Generate up to max_new_tokens per prompt (token-id lists) with the target `model`.
 
     drafter=None is plain autoregressive decoding; with a drafter every step proposes up to

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 import functools
 import hashlib
 
@@ -34,7 +35,7 @@ class Model:
         return (f"Model({self.source or 'unnamed'}: {size / 1e6:.1f}M parameters, {c.num_layers} layers, width "
                 f"{c.hidden_size}, {c.num_heads}/{c.num_kv_heads} heads, vocabulary {c.vocab_size}, {dtype})")
 
-    def logits(self, ids) -> jax.Array:
+    def logits(self, ids: jax.Array | Sequence[int]) -> jax.Array:
         """int32[B, T] (or one list of ids) -> float32[B, T, V], causal, no cache kept."""
         ids = jnp.asarray(ids, jnp.int32)
         if ids.ndim == 1:

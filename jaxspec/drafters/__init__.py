@@ -1,4 +1,7 @@
 """Drafters: one protocol (base.Drafter), several ways to guess the next K tokens."""
+from __future__ import annotations
+
+from ..model import Model
 from .base import Context, Drafter
 from .draft_model import DraftModel, truncated
 from .eagle import Eagle
@@ -8,7 +11,7 @@ from .ngram import NGram
 __all__ = ["Context", "Drafter", "DraftModel", "Eagle", "MTP", "NGram", "shipped", "truncated"]
 
 
-def shipped(model, kind: str) -> Drafter:
+def shipped(model: Model | str, kind: str) -> Drafter:
     """The drafter trained here for a model (a Model or its name): kind "eagle", "mtp" or "draft",
     from checkpoints/<model name>/<kind> (jaxspec.paths.shipped_head)."""
     from ..paths import shipped_head

@@ -14,7 +14,7 @@ probs=None means the draft is deterministic (argmax or lookup): q is one-hot on 
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,14 @@ from flax import nnx
 from ..cache import rollback
 from ..heads.metadata import HeadMetadata, head_metadata
 from ..sampling import probs_from_logits
+
+if TYPE_CHECKING:
+    from ..model import Model
+    from ..tree import Tree
+
+PyTree = Any    # nested dicts / tuples / NamedTuples of arrays
+Proposal = tuple[jax.Array, "jax.Array | None", PyTree]      # drafts int32[B, K], probs [B, K, V] or None, state
+TreeProposal = tuple[jax.Array, jax.Array, jax.Array, "jax.Array | None", PyTree]   # tokens, parents, valid, probs, state
 
 CATCH_UP = 16   # positions per pass when a drafter's propose takes in what plain steps (sync) skipped
 
@@ -50,7 +58,7 @@ class Drafter:
     hidden_layers: tuple = ()   # target layers whose hidden states the drafter reads
     metadata: HeadMetadata | None = None   # trained drafters: what train/ recorded (heads/metadata.py)
 
-    def params_for(self, model):
+    def params_for(self, model: Model) -> PyTree:
         """The arrays the compiled loop passes in (may include the target's, e.g. its embeddings)."""
         return {}
 
@@ -58,17 +66,22 @@ class Drafter:
         """Everything that changes the compiled program (hashable)."""
         return (type(self).__name__,)
 
-    def check_target(self, model) -> None:
+    def check_target(self, model: Model) -> None:
         """Raise ValueError if this drafter cannot serve `model` (vocabulary, tokenizer)."""
 
-    def init(self, params, prompts, lengths, capacity, features):
-        """features [N, B, T, E]: the prompt's hidden states from the target's prefill."""
+    def init(self, params: PyTree, prompts: jax.Array, lengths: jax.Array, capacity: int,
+             features: jax.Array) -> PyTree:
+        """prompts int32[B, T], lengths int32[B]; features [N, B, T, E]: the prompt's hidden states from
+        the target's prefill. -> the drafter's state (caches, buffers) for `capacity` slots."""
         return ()
 
-    def propose(self, params, state, ctx: Context, key, num_draft: int):
+    def propose(self, params: PyTree, state: PyTree, ctx: Context, key: jax.Array,
+                num_draft: int) -> Proposal:
+        """-> (drafts int32[B, K], their probabilities [B, K, V] or None for deterministic drafts, state)."""
         raise NotImplementedError
 
-    def propose_tree(self, params, state, ctx: Context, key, tree):
+    def propose_tree(self, params: PyTree, state: PyTree, ctx: Context, key: jax.Array,
+                     tree: Tree) -> TreeProposal:
         """A token tree of tree.budget nodes below ctx.last (jaxspec/tree.py: parents before children,
         -1 = a child of last; children of one node carry distinct tokens). The next commit gets the
         drafts kept on its path, and ctx.features then hold the pass's features of [last, that path].
@@ -79,10 +92,11 @@ class Drafter:
     def drafts_trees(self) -> bool:
         return type(self).propose_tree is not Drafter.propose_tree
 
-    def commit(self, params, state, ctx: Context, num_accepted):
+    def commit(self, params: PyTree, state: PyTree, ctx: Context, num_accepted: jax.Array) -> PyTree:
+        """After verification: num_accepted int32[B] of the last proposal's drafts were kept."""
         return state
 
-    def context(self, params, state, ctx: Context) -> jax.Array:
+    def context(self, params: PyTree, state: PyTree, ctx: Context) -> jax.Array:
         """int32[B] in [0, len(prior_acceptance)): what the drafter knows before drafting that
         predicts acceptance (NGram: the length of its match). The adaptive policy keeps one
         acceptance estimate per context. Default: one context."""
@@ -95,7 +109,7 @@ class Drafter:
         held = self.metadata.first_draft_acceptance if self.metadata is not None else None
         return (held,) if held is not None else (0.5,)
 
-    def sync(self, params, state, ctx: Context):
+    def sync(self, params: PyTree, state: PyTree, ctx: Context) -> PyTree:
         """A step verifies no drafts (adaptive K = 0, a plain target step): take in what propose
         would have (the last pass's tokens and features) so later drafts see the full context.
         The default keeps the state as it is (right for drafters that read only ctx.history)."""
@@ -121,7 +135,7 @@ class HeadDrafter(Drafter):
         self.metadata = head_metadata(metadata, self.hidden_layers, self.cfg.draft_vocab_size)
 
     @staticmethod
-    def layers_read(cfg) -> tuple:
+    def layers_read(cfg: Any) -> tuple:
         """The target layers whose hidden states the head reads."""
         raise NotImplementedError
 

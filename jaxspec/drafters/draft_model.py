@@ -14,8 +14,8 @@ from ..cache import init_cache, rollback
 from ..heads.metadata import HeadMetadata, head_metadata
 from ..model import Model
 from ..models.module import LlamaModule
-from ..tree import frontier_inputs, grow_tree
-from .base import Context, Drafter, catch_up, sample_chain
+from ..tree import Tree, frontier_inputs, grow_tree
+from .base import Context, Drafter, Proposal, PyTree, TreeProposal, catch_up, sample_chain
 
 
 def same_tokenizer(a, b) -> bool:
@@ -99,19 +99,20 @@ class DraftModel(Drafter):
         cfg = self.model.config
         return f"DraftModel({self.model.source or 'model'}, {cfg.num_layers} layers, width {cfg.hidden_size})"
 
-    def params_for(self, model):
+    def params_for(self, model: Model) -> PyTree:
         return self.state
 
     def _lm(self, params) -> LlamaModule:
         return nnx.merge(self.graph, params)
 
-    def static_key(self):
+    def static_key(self) -> tuple:
         return ("DraftModel", self.model.config)
 
-    def check_target(self, model) -> None:
+    def check_target(self, model: Model) -> None:
         check_same_vocabulary(self.model, model, "draft model")
 
-    def init(self, params, prompts, lengths, capacity, features):
+    def init(self, params: PyTree, prompts: jax.Array, lengths: jax.Array, capacity: int,
+             features: jax.Array) -> PyTree:
         lm = self._lm(params)
         cache = init_cache(self.model.config, prompts.shape[0], capacity, self.model.params["embed"].dtype)
         cache = lm(prompts, cache)[2]
@@ -124,7 +125,7 @@ class DraftModel(Drafter):
         logits, _, cache = self._lm(params)(jnp.stack([prev, ctx.last], axis=1), rollback(cache, start))
         return logits, cache
 
-    def sync(self, params, state, ctx: Context):
+    def sync(self, params: PyTree, state: PyTree, ctx: Context) -> PyTree:
         return state
 
     def _caught_up(self, params, state: DraftModelState, ctx: Context):
@@ -135,7 +136,8 @@ class DraftModel(Drafter):
         cache = catch_up(feed, state.cache, state.written, ctx.history_len - 2, ctx.history.shape[1])   # _feed_last writes on
         return self._feed_last(params, cache, ctx)
 
-    def propose_tree(self, params, state: DraftModelState, ctx: Context, key, tree):
+    def propose_tree(self, params: PyTree, state: DraftModelState, ctx: Context, key: jax.Array,
+                     tree: Tree) -> TreeProposal:
         """An EAGLE-2 dynamic tree (tree.grow_tree): one pass of the draft model per level over the
         frontier, written after the history and seeing only its ancestors there."""
         lm, k = self._lm(params), tree.top_k
@@ -152,7 +154,7 @@ class DraftModel(Drafter):
                                                        (cache, None), tree)
         return tokens, parents, valid, None, DraftModelState(rollback(cache, start), start, jnp.int32(0))
 
-    def propose(self, params, state: DraftModelState, ctx: Context, key, num_draft: int):
+    def propose(self, params: PyTree, state: DraftModelState, ctx: Context, key: jax.Array, num_draft: int) -> Proposal:
         lm = self._lm(params)
         logits, cache = self._caught_up(params, state, ctx)
 
@@ -163,5 +165,5 @@ class DraftModel(Drafter):
         tokens, probs, cache = sample_chain(logits[:, -1], step, cache, key, num_draft, ctx.sampling)
         return tokens, probs, DraftModelState(cache, ctx.history_len, jnp.int32(num_draft - 1))
 
-    def commit(self, params, state: DraftModelState, ctx: Context, num_accepted):
+    def commit(self, params: PyTree, state: DraftModelState, ctx: Context, num_accepted: jax.Array) -> PyTree:
         return state._replace(written=state.written + jnp.minimum(num_accepted, state.fed), fed=jnp.int32(0))

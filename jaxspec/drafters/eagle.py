@@ -19,8 +19,10 @@ import jax.numpy as jnp
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, EagleHead
 from ..heads.io import load_head, save_head
-from ..tree import frontier_inputs, grow_tree
-from .base import Context, HeadDrafter, catch_up, check_head_target, sample_chain
+from ..model import Model
+from ..tree import Tree, frontier_inputs, grow_tree
+from .base import (Context, HeadDrafter, Proposal, PyTree, TreeProposal, catch_up, check_head_target,
+                   sample_chain)
 
 KIND = "eagle"
 
@@ -39,7 +41,9 @@ class Eagle(HeadDrafter):
     the target it was trained on (base.HeadDrafter)."""
 
     head_class = EagleHead
-    layers_read = staticmethod(lambda cfg: tuple(cfg.feature_layers))
+    @staticmethod
+    def layers_read(cfg: EagleConfig) -> tuple:
+        return tuple(cfg.feature_layers)
 
     @property
     def head_params(self) -> dict:
@@ -59,17 +63,18 @@ class Eagle(HeadDrafter):
         tied = ", the target's output rows" if self.cfg.tied_head else ""
         return f"Eagle(layers {self.cfg.feature_layers}, draft vocab {self.cfg.draft_vocab_size}{tied})"
 
-    def static_key(self):
+    def static_key(self) -> tuple:
         return (KIND, self.cfg)
 
-    def check_target(self, model) -> None:
+    def check_target(self, model: Model) -> None:
         check_head_target("EAGLE", self.cfg.target_vocab_size, self.cfg.hidden_size, self.metadata, model)
 
-    def params_for(self, model):
+    def params_for(self, model: Model) -> PyTree:
         rows = self.head().output_rows(model.params)                           # [E, Vd]
         return {"head": self.state, "embed": model.params["embed"], "rows": rows}
 
-    def init(self, params, prompts, lengths, capacity, features):
+    def init(self, params: PyTree, prompts: jax.Array, lengths: jax.Array, capacity: int,
+             features: jax.Array) -> PyTree:
         """Write the prompt's pairs (feature_t, prompt_{t+1}) for t < length - 1.
         -> EagleState."""
         B = prompts.shape[0]
@@ -105,13 +110,13 @@ class Eagle(HeadDrafter):
                                      params["rows"])
         return h, logits, rollback(cache, target_len)
 
-    def sync(self, params, state: EagleState, ctx: Context):
+    def sync(self, params: PyTree, state: EagleState, ctx: Context) -> PyTree:
         """Store the last pass's features at their positions (no head pass; see _catch_up)."""
         rows, pos = jnp.arange(ctx.last.shape[0])[:, None], ctx.feature_positions(state.n_prev)    # [B, P]
         stored = state.stored.at[:, rows, pos].set(ctx.features.astype(state.stored.dtype), mode="drop")
         return state._replace(stored=stored)
 
-    def propose(self, params, state: EagleState, ctx: Context, key, num_draft: int):
+    def propose(self, params: PyTree, state: EagleState, ctx: Context, key: jax.Array, num_draft: int) -> Proposal:
         head, embed = self.head(params), params["embed"]
         state = state._replace(cache=self._catch_up(params, state, ctx))
         n_prev = state.n_prev
@@ -128,7 +133,7 @@ class Eagle(HeadDrafter):
                                                  (cache, h[rows, n_prev][:, None]), key, K, ctx.sampling)
         return tokens, probs, state._replace(cache=cache, written=ctx.history_len - 1)
 
-    def propose_tree(self, params, state: EagleState, ctx: Context, key, tree):
+    def propose_tree(self, params: PyTree, state: EagleState, ctx: Context, key: jax.Array, tree: Tree) -> TreeProposal:
         """An EAGLE-2 dynamic tree (tree.grow_tree): the head runs once per level over the frontier,
         each node's pair (its parent's head output, its token) written after the target's length and
         seeing only its ancestors there."""
@@ -153,5 +158,5 @@ class Eagle(HeadDrafter):
         return tokens, parents, valid, None, state._replace(cache=rollback(cache, start),
                                                             written=ctx.history_len - 1)
 
-    def commit(self, params, state: EagleState, ctx: Context, num_accepted):
+    def commit(self, params: PyTree, state: EagleState, ctx: Context, num_accepted: jax.Array) -> PyTree:
         return state._replace(n_prev=num_accepted)

@@ -22,9 +22,11 @@ from ..cache import init_cache, rollback
 from ..heads.eagle import to_target_logits
 from ..heads.io import load_head, save_head
 from ..heads.mtp import MTPConfig, MTPHead, mtp_logits, mtp_module, mtp_window
+from ..model import Model
 from ..models import lm_head_rows
-from ..tree import grow_tree
-from .base import Context, HeadDrafter, catch_up, check_head_target, draw_token
+from ..tree import Tree, grow_tree
+from .base import (Context, HeadDrafter, Proposal, PyTree, TreeProposal, catch_up, check_head_target,
+                   draw_token)
 
 KIND = "mtp"
 
@@ -44,7 +46,9 @@ class MTP(HeadDrafter):
     the target it was trained on (base.HeadDrafter)."""
 
     head_class = MTPHead
-    layers_read = staticmethod(lambda cfg: (cfg.target_layers,))
+    @staticmethod
+    def layers_read(cfg: MTPConfig) -> tuple:
+        return (cfg.target_layers,)
 
     @property
     def head_params(self) -> dict:
@@ -66,16 +70,16 @@ class MTP(HeadDrafter):
     def __repr__(self):
         return f"MTP({self.cfg.num_modules} modules, draft vocab {self.cfg.draft_vocab_size})"
 
-    def static_key(self):
+    def static_key(self) -> tuple:
         return (KIND, self.cfg)
 
-    def check_target(self, model) -> None:
+    def check_target(self, model: Model) -> None:
         check_head_target("MTP", self.cfg.target_vocab_size, self.cfg.hidden_size, self.metadata, model)
         if model.config.num_layers != self.cfg.target_layers:
             raise ValueError(f"MTP head reads layer {self.cfg.target_layers}; the target has "
                              f"{model.config.num_layers} layers")
 
-    def params_for(self, model):
+    def params_for(self, model: Model) -> PyTree:
         rows = lm_head_rows(model.params, self.head().d2t[...])
         return {"head": self.state, "embed": model.params["embed"], "norm": model.params["norm"], "rows": rows}
 
@@ -87,7 +91,8 @@ class MTP(HeadDrafter):
         return to_target_logits(self._head(params), mtp_logits(params["norm"], params["rows"], h,
                                                             self.cfg.rms_norm_eps), self.cfg.target_vocab_size)
 
-    def init(self, params, prompts, lengths, capacity, features):
+    def init(self, params: PyTree, prompts: jax.Array, lengths: jax.Array, capacity: int,
+             features: jax.Array) -> PyTree:
         """Keep the prompt's h^0 and run every module over the prompt -> MTPState."""
         B, T = prompts.shape
         cfg = self.cfg
@@ -119,14 +124,14 @@ class MTP(HeadDrafter):
 
         return catch_up(feed, cache, written, end, buf.shape[1])
 
-    def sync(self, params, state: MTPState, ctx: Context):
+    def sync(self, params: PyTree, state: MTPState, ctx: Context) -> PyTree:
         """Store the last pass's h^0; the modules take it in at the next propose (_catch_up)."""
         return state._replace(h0=self._store(state, ctx))
 
-    def propose(self, params, state: MTPState, ctx: Context, key, num_draft: int):
+    def propose(self, params: PyTree, state: MTPState, ctx: Context, key: jax.Array, num_draft: int) -> Proposal:
         return self._draft(params, state, ctx, key, num_draft, lambda logits, k: draw_token(logits, k, ctx.sampling))
 
-    def propose_tree(self, params, state: MTPState, ctx: Context, key, tree):
+    def propose_tree(self, params: PyTree, state: MTPState, ctx: Context, key: jax.Array, tree: Tree) -> TreeProposal:
         """A static tree (Medusa, Cai et al. 2024, over MTP modules): the modules draft the top-1 chain of
         tree.depth tokens, and each level's distribution along it gives the children of every node at
         that level; tree.grow_tree keeps the budget best. After it only the positions the chain's
@@ -175,7 +180,7 @@ class MTP(HeadDrafter):
                                drafted=jnp.int32(K))
         return jnp.stack(tokens, 1), jnp.stack(probs, 1), state
 
-    def commit(self, params, state: MTPState, ctx: Context, num_accepted):
+    def commit(self, params: PyTree, state: MTPState, ctx: Context, num_accepted: jax.Array) -> PyTree:
         """After a propose, window positions p < n + num_accepted - D read only kept tokens: final."""
         n = ctx.history_len
         final = jnp.minimum(n - 1, n + num_accepted - self.cfg.num_modules)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .base import Context, Drafter
+from ..tree import Tree
+from .base import Context, Drafter, Proposal, PyTree, TreeProposal
 
 PRIOR_BY_MATCH = (0.4, 0.6, 0.8)          # assumed acceptance after a match of 1, 2, >= 3 tokens
 
@@ -71,7 +72,7 @@ class NGram(Drafter):
     def __repr__(self):
         return f"NGram(max_ngram={self.max_ngram}, min_ngram={self.min_ngram})"
 
-    def static_key(self):
+    def static_key(self) -> tuple:
         return ("NGram", self.max_ngram, self.min_ngram)
 
     @property
@@ -85,13 +86,13 @@ class NGram(Drafter):
         lookup = lambda h, n: _lookup_row(h, n, self.max_ngram, self.min_ngram, num_draft)
         return jax.vmap(lookup)(ctx.history, ctx.history_len)
 
-    def context(self, params, state, ctx: Context):
+    def context(self, params: PyTree, state: PyTree, ctx: Context) -> jax.Array:
         return self._lookup(ctx, 1)[1]
 
-    def propose(self, params, state, ctx: Context, key, num_draft: int):
+    def propose(self, params: PyTree, state: PyTree, ctx: Context, key: jax.Array, num_draft: int) -> Proposal:
         return self._lookup(ctx, num_draft)[0], None, state
 
-    def propose_tree(self, params, state, ctx: Context, key, tree):
+    def propose_tree(self, params: PyTree, state: PyTree, ctx: Context, key: jax.Array, tree: Tree) -> TreeProposal:
         """budget // depth continuations from different earlier matches, merged into one tree (the
         rest of the budget unused; top_k is not read)."""
         M, D = tree.budget // tree.depth, tree.depth

@@ -14,12 +14,12 @@ from .registry import NAMED_MODELS, resolve_named
 __all__ = ["load", "NAMED_MODELS"]
 
 
-def default_dtype():
+def default_dtype() -> jnp.dtype:
     """bfloat16 on GPU and TPU (weights, activations and KV cache), float32 on the CPU."""
     return jnp.bfloat16 if jax.default_backend() in ("gpu", "cuda", "rocm", "tpu") else jnp.float32
 
 
-def load(name_or_path: str, *, dtype=None) -> Model:
+def load(name_or_path: str, *, dtype: jnp.dtype | None = None) -> Model:
     """Load a model: a name from NAMED_MODELS, a .gguf path, or a folder (config.json + safetensors).
     dtype: the weights' (and so the activations' and cache's) type; None: default_dtype()."""
     dtype = default_dtype() if dtype is None else dtype
