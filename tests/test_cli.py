@@ -100,3 +100,46 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
                        cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip()
+
+
+def _readme_command_lines() -> list[list[str]]:
+    """The `jaxspec ...` lines of the README's bash blocks as argument lists: comments cut, continuation
+    lines joined, optional parts `[...]` kept and `a|b|c` choices expanded into one line each."""
+    import os
+    import shlex
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
+    lines = []
+    for block in readme.split("```bash\n")[1:]:
+        for line in block.split("```", 1)[0].splitlines():
+            line = line.split("#", 1)[0].rstrip()
+            if line.startswith("jaxspec"):
+                lines.append(line)
+            elif line.strip().startswith("[") and lines:
+                lines[-1] += " " + line.strip()
+    out = []
+    for line in lines:
+        words = shlex.split(line.replace("[", " ").replace("]", " "))[1:]
+        choice = next((i for i, w in enumerate(words) if "|" in w), None)
+        alternatives = words[choice].split("|") if choice is not None else [None]
+        for alt in alternatives:
+            argv = [alt if i == choice else w.split("|")[0] for i, w in enumerate(words)]
+            out.append([a for a in argv if a != "..."] + (["--help"] if "..." in argv else []))
+    return out
+
+
+def test_every_readme_command_line_parses():
+    """Each command the README shows is accepted by the parser as written (a synopsis line ending in
+    '...' by its subcommand's --help), so the README cannot drift from the CLI's options."""
+    from jaxspec.cli import build_parser
+
+    commands = _readme_command_lines()
+    assert len(commands) >= 10 and ["demo"] in commands
+    for argv in commands:
+        if argv[-1] == "--help":
+            with pytest.raises(SystemExit) as e:
+                build_parser().parse_args(argv)
+            assert e.value.code == 0, argv
+        else:
+            args = build_parser().parse_args(argv)
+            assert args.command == argv[0], argv
