@@ -109,9 +109,10 @@ def plot_coverage(report: dict, path: str) -> str | None:
         ax.plot(report["sizes"], shares, "o-", label=f"eval: {s}")
     for p, shares in report["data"].items():
         ax.plot(report["sizes"], shares, "x--", alpha=0.6, label=f"data kept out: {p}")
-    ax.axhline(0.98, color="gray", lw=0.8, ls=":")
+    ax.axhline(0.98, color="gray", lw=0.8, ls=":", label="98%")
     ax.set(xscale="log", xlabel="draft vocabulary size Vd", ylabel="share of the target's answer tokens",
            title="draft vocabulary coverage", ylim=(min(0.7, ax.get_ylim()[0]), 1.0))
     ax.set_xticks(report["sizes"], [str(s) for s in report["sizes"]])
+    ax.set_xticks([], minor=True)                          # log-scale minor labels would overprint the sizes
     ax.legend(fontsize=7)
     return save(fig, path)
