@@ -101,6 +101,8 @@ def make_drafter(spec: str, model):
         kind = json.load(open(os.path.join(spec, META))).get("kind") if os.path.isfile(os.path.join(spec, META)) \
             else "draft"
         return loaders[kind](spec)
+    if os.sep in spec or spec.startswith(".") or os.path.splitext(spec)[1]:
+        raise ValueError(f"drafter folder not found: {spec}")
     raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft, draft:PATH, "
                      f"truncated:N, eagle, eagle:PATH, mtp, mtp:PATH or a head's folder")
 

@@ -128,6 +128,8 @@ def test_bench_prompt_file_and_drafter_names(tmp_path):
         bench.read_prompts(str(g), 2, "chat")
     with pytest.raises(ValueError, match="unknown drafter"):
         bench.make_drafter("magic", tiny_model())
+    with pytest.raises(ValueError, match="drafter folder not found: no/such/head"):   # a path, not a name
+        bench.make_drafter("no/such/head", tiny_model())
     assert bench.make_drafter("ngram:4:2", None).max_ngram == 4
 
 
