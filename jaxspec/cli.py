@@ -224,9 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" where the help does not already say the default and X is not None."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
     """--help of every command and subcommand shows each option's default."""
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.formatter_class = _DefaultsFormatter
     for action in parser._actions:
         if action.help is None and action.option_strings and action.default is not None:
             action.help = "default: %(default)s"

@@ -143,3 +143,26 @@ def test_every_readme_command_line_parses():
         else:
             args = build_parser().parse_args(argv)
             assert args.command == argv[0], argv
+
+
+def test_help_shows_every_default_once_and_never_none():
+    """Each subcommand's --help states each option's non-None default, and never '(default: None)'."""
+    import argparse
+
+    from jaxspec.cli import build_parser
+
+    def walk(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from walk(child)
+
+    for parser in walk(build_parser()):
+        text = "".join(parser.format_help().split())          # help wraps long defaults at hyphens
+        assert "(default:None)" not in text, parser.prog
+        for action in parser._actions:
+            if action.option_strings and action.default not in (None, argparse.SUPPRESS) \
+                    and action.help != argparse.SUPPRESS:
+                assert f"default:{action.default}".replace(" ", "") in text or "default" in (action.help or ""), \
+                    (parser.prog, action.dest)
