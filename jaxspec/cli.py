@@ -196,8 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: eval.jsonl)")
     b.add_argument("--source", default=None,
                    help="only the prompts of this source (the rows' 'source' field: gsm8k-test, humaneval, vicuna-80)")
-    b.add_argument("--report", nargs="+", default=None, metavar="BENCH_JSON",
-                   help="write BENCHMARKS.md (to --out, else print it) from these bench.json files; runs nothing")
+    b.add_argument("--report", nargs="+", default=None, metavar="JSON",
+                   help="write BENCHMARKS.md (to --out, else print it) from these result files: bench.json, "
+                        "coverage.json of `train vocab`, scaling.json of `train scaling`; runs nothing")
     b.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="accelerator: every drafter at K = 3, 5 and a 32-node tree, batch 1-128, greedy and 0.7, "
                         "128 prompts, into runs/accelerator (flags given override it)")

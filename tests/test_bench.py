@@ -1,6 +1,8 @@
 """The bench harness runs end to end on a tiny model (no figure is asserted: speed is noisy)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jaxspec import bench
@@ -111,6 +113,25 @@ def test_bench_run_writes_json_table_and_plots(tmp_path):
     text = bench.report([str(out / "bench.json")])          # BENCHMARKS.md from the JSON
     assert text.startswith("# Benchmarks") and "-k 2 --batch-sizes 1,2 --temperatures 0,0.7" in text
     assert "| ngram adaptive K<=2 |" in text and saved["date"] in text and saved["machine"] in text
+
+
+def test_report_renders_coverage_and_scaling_results(tmp_path):
+    """`bench --report` also takes train vocab's coverage.json and train scaling's scaling.json."""
+    cov = {"sizes": [4096, 32768], "eval": {"humaneval": [0.9754, 0.999]}, "data": {"train.jsonl": [0.91, 0.993]},
+           "eval_answer_tokens": {"humaneval": 1993}, "data_answer_tokens": 2032732,
+           **bench.provenance("jaxspec train vocab --data D")}
+    scl = {"epochs": 1, "tokens_per_batch": 4096, "date": "2026-01-02", "runs": [
+        {"fraction": 0.125, "shards": 11, "answer_tokens": 250000, "steps": 130, "mean_accepted_length": 1.734,
+         "per_position_acceptance": [0.5, 0.2]},
+        {"fraction": 0.25, "shards": 22, "answer_tokens": 500000, "steps": 260, "mean_accepted_length": None}]}
+    (tmp_path / "coverage.json").write_text(json.dumps(cov))
+    (tmp_path / "scaling.json").write_text(json.dumps(scl))
+    text = bench.report([str(tmp_path / "scaling.json"), str(tmp_path / "coverage.json")])
+    assert "| Vd | humaneval | data kept out: train.jsonl |" in text
+    assert "| 32768 | 99.90% | 99.30% |" in text and "`jaxspec train vocab --data D` on " in text
+    assert "| 0.125 | 11 | 250000 | 130 | 1.73 | 0.50 0.20 |" in text and "| 0.25 | 22 | 500000 | 260 | - | - |" in text
+    assert "(command not recorded)" in text                      # scaling.json above has none
+    assert text.index("draft-vocabulary coverage") < text.index("EAGLE data scaling")   # newest first
 
 
 def test_bench_prompt_file_and_drafter_names(tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from .prompts import DEFAULT_DIR
 
@@ -36,6 +37,12 @@ def cmd_data(args) -> int:
     return 0
 
 
+def _provenance() -> dict:
+    """The date, machine and this command line, for the result files a command writes."""
+    from jaxspec.bench import provenance
+    return provenance("jaxspec " + " ".join(sys.argv[1:]))
+
+
 def cmd_vocab(args) -> int:
     import jaxspec
 
@@ -45,7 +52,8 @@ def cmd_vocab(args) -> int:
     sizes = [int(x) for x in args.sizes.split(",") if x]
     if not sizes or min(sizes) < 1:
         raise ValueError(f"--sizes needs positive integers, got {args.sizes!r}")
-    r = vocab_report(model, args.data, sizes, args.eval_file, args.eval_prompts, args.eval_tokens, args.out)
+    r = vocab_report(model, args.data, sizes, args.eval_file, args.eval_prompts, args.eval_tokens, args.out,
+                     provenance=_provenance())
     print(f"coverage of the target's answer tokens ({r['data_answer_tokens']} answer tokens in {args.data}; "
           f"eval: greedy answers to {args.eval_prompts} prompts per source, {args.eval_tokens} tokens)")
     print("| Vd | " + " | ".join(list(r["eval"]) + [f"data kept out: {p}" for p in r["data"]]) + " |")
@@ -118,7 +126,8 @@ def cmd_scaling(args) -> int:
             kw.pop(unused)
         result = scaling_curve(model, data_dir, out, cfg, fractions=fractions, epochs=args.epochs,
                                tokens_per_batch=args.batch_tokens, draft_vocab_size=args.draft_vocab,
-                               ttt_steps=args.ttt_steps, tied_head=args.tied_head, seed=args.seed, **kw)
+                               ttt_steps=args.ttt_steps, tied_head=args.tied_head, seed=args.seed,
+                               provenance=_provenance(), **kw)
         for r in result["runs"]:
             print(f"  {r['fraction']:g} of the data: {r['answer_tokens']} answer tokens, {r['steps']} steps, "
                   f"held-out mean accepted length {r['mean_accepted_length']}")

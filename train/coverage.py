@@ -68,11 +68,11 @@ def data_answers_by_pool(data_dir: str, names: list[str]) -> dict[str, list[np.n
 
 
 def vocab_report(model, data_dir: str, sizes, eval_path: str, per_source: int = 20, max_new_tokens: int = 128,
-                 out_dir: str | None = None, every: int = 8) -> dict:
+                 out_dir: str | None = None, every: int = 8, provenance: dict | None = None) -> dict:
     """Coverage of draft vocabularies of each size in `sizes`: on each eval source, and per data pool on every
     `every`-th shard (counted out of a vocabulary made from the other shards). -> {"sizes", "eval":
     {source: [share per size]}, "data": {pool: [...]}, "answer_tokens": ...}; writes coverage.json and a
-    plot to out_dir."""
+    plot to out_dir, with `provenance` ({"date", "machine", "command"}: how it was made) merged in."""
     V = model.config.vocab_size
     names = shard_names(data_dir)
     kept_out = names[every - 1::every]
@@ -83,7 +83,7 @@ def vocab_report(model, data_dir: str, sizes, eval_path: str, per_source: int = 
     report = {"sizes": [int(s) for s in sizes], "eval": {s: [] for s in answers}, "data": {p: [] for p in held},
               "eval_answer_tokens": {s: int(sum(map(len, a))) for s, a in answers.items()},
               "data_answer_tokens": sum(len(ids) - p for ids, p in iter_examples(data_dir)),
-              "kept_out_shards": len(kept_out)}
+              "kept_out_shards": len(kept_out), **(provenance or {})}
     for size in sizes:
         d2t, _ = draft_vocabulary(data_dir, V, int(size), names=counted)
         for s, a in answers.items():

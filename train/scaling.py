@@ -27,11 +27,11 @@ def subset(names: list[str], fraction: float) -> list[str]:
 
 def scaling_curve(model, data_dir: str, out_dir: str, train_cfg, fractions=(0.125, 0.25, 0.5, 1.0),
                   epochs: float = 1.0, tokens_per_batch: int = 4096, eval_prompts=None, eval_tokens: int = 64,
-                  progress: bool = True, **eagle_kw) -> dict:
+                  progress: bool = True, provenance: dict | None = None, **eagle_kw) -> dict:
     """Train one EAGLE head per fraction (out_dir/frac-F, resumable) for ceil(epochs * tokens / tokens_per_batch)
     steps (train_cfg.steps is ignored, its other settings kept, warm-up capped at a tenth of the steps). -> {"runs": [{"fraction",
-    "shards", "answer_tokens", "tokens", "steps", "mean_accepted_length", "per_position_acceptance"}]};
-    written to out_dir/scaling.json with a plot."""
+    "shards", "answer_tokens", "tokens", "steps", "mean_accepted_length", "per_position_acceptance"}],
+    **provenance}; written to out_dir/scaling.json with a plot."""
     names = shard_names(data_dir)
     runs = []
     for f in sorted(fractions):
@@ -57,7 +57,7 @@ def scaling_curve(model, data_dir: str, out_dir: str, train_cfg, fractions=(0.12
                      "mean_accepted_length": acc.get("mean_accepted_length"),
                      "per_position_acceptance": acc.get("per_position_acceptance")})
         result = {"data": os.path.basename(os.path.normpath(data_dir)), "epochs": epochs,
-                  "tokens_per_batch": tokens_per_batch, "runs": runs}
+                  "tokens_per_batch": tokens_per_batch, "runs": runs, **(provenance or {})}
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "scaling.json"), "w") as fh:
             json.dump(result, fh, indent=1)
