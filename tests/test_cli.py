@@ -35,6 +35,19 @@ def test_cli_errors_are_clear():
     assert r.returncode == 2 and "known models: smollm2-135m-instruct" in r.stderr
     r = _jaxspec("generate", "--prompt", "hi", "--temperature", "-1")
     assert r.returncode == 2 and "temperature" in r.stderr
+    r = _jaxspec("train", "eagle", "--data", "d", "--out", "o", "--steps", "50", "--warmup", "50")
+    assert r.returncode == 2 and "--warmup 50 must be at least 0 and below --steps 50" in r.stderr, r.stderr
+
+
+def test_a_short_training_run_warms_up_for_a_tenth_of_its_steps():
+    from jaxspec.cli import build_parser
+    from train.cli import _schedule
+
+    for steps, warmup in ((2, 0), (500, 50), (5000, 100)):
+        args = build_parser().parse_args(["train", "mtp", "--data", "d", "--out", "o", "--steps", str(steps)])
+        assert _schedule(args).warmup == warmup
+    args = build_parser().parse_args(["train", "mtp", "--data", "d", "--out", "o", "--steps", "9", "--warmup", "3"])
+    assert _schedule(args).warmup == 3
 
 
 @pytest.mark.slow

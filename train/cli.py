@@ -64,17 +64,26 @@ def cmd_vocab(args) -> int:
     return 0
 
 
+def _schedule(args):
+    """The TrainConfig of a `jaxspec train HEAD` command; warm-up defaults to a tenth of --steps, at most 100."""
+    from . import loop
+
+    warmup = min(100, args.steps // 10) if args.warmup is None else args.warmup
+    if not 0 <= warmup < args.steps:
+        raise ValueError(f"--warmup {warmup} must be at least 0 and below --steps {args.steps}")
+    return loop.TrainConfig(steps=args.steps, lr=args.lr, warmup=warmup, save_every=args.save_every,
+                            eval_every=args.eval_every, log_every=args.log_every)
+
+
 def _train(args, what: str, train_fn, **kwargs) -> int:
     """The part every `jaxspec train HEAD` shares: load the target, the schedule, held-out prompts;
     train_fn(model, data, out, cfg, **common, **kwargs) -> drafter; print its held-out acceptance."""
     import jaxspec
 
-    from . import loop
     from .acceptance import heldout_prompts
 
+    cfg = _schedule(args)
     model = jaxspec.load(args.target)
-    cfg = loop.TrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, save_every=args.save_every,
-                           eval_every=args.eval_every, log_every=args.log_every)
     eval_data = getattr(args, "eval_data", None) or args.data
     held = heldout_prompts(model, eval_data, args.prompts_dir, args.eval_prompts) if args.eval_prompts else None
     drafter = train_fn(model, args.data, args.out, cfg, tokens_per_batch=args.batch_tokens, seed=args.seed,
@@ -143,7 +152,8 @@ def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--prompts-dir", default=DEFAULT_DIR, help="the folder of the prompt files the data was made from")
     p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=None, help="learning-rate warm-up steps (default: a tenth of "
+                   "--steps, at most 100)")
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch (rows x length bucket)")
     p.add_argument("--save-every", type=int, default=100, help="checkpoint interval in steps")
     p.add_argument("--eval-every", type=int, default=500, help="acceptance check interval (0: only at the end)")
