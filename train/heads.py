@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 from collections.abc import Callable
+from jax.experimental import multihost_utils
 
 from . import loop
 from .acceptance import acceptance
@@ -51,4 +52,6 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
     if jax.process_index() == 0:                # several processes (jax.distributed): one writer
         drafter.save(out_dir)                  # bfloat16 on disk
         plot_run(out_dir)
+    if jax.process_count() > 1:                 # the others read the head only once it is written
+        multihost_utils.sync_global_devices(f"head saved to {out_dir}")
     return drafter
