@@ -309,3 +309,20 @@ def test_scaling_curve_trains_each_fraction_for_the_same_epochs(tiny_data, tmp_p
     again = scaling_curve(m, data_dir, str(tmp_path / "sc"), cfg, fractions=(0.5, 1.0), epochs=2.0,
                           tokens_per_batch=512, eval_prompts=held, eval_tokens=16, **kw)
     assert again["runs"] == result["runs"]               # finished runs are read back, not trained again
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shards_restrict_training_to_the_chosen_data_shards(tiny_data, tmp_path, kind):
+    """select_shards (`--shards`) names shards by index; every trainer then reads only those."""
+    m, data_dir, _ = tiny_data
+    names = data.shard_names(data_dir)
+    assert data.select_shards(data_dir, "1") == [names[1]] and data.select_shards(data_dir, "0-1,1") == names[:2]
+    for bad, message in (("7", "has no shard 7"), ("x", "indices and ranges"), (",", "names no shard")):
+        with pytest.raises(ValueError, match=message):
+            data.select_shards(data_dir, bad)
+    trainer, kw, _ = TRAINERS[kind]
+    cfg = loop.TrainConfig(steps=2, lr=3e-3, warmup=0, save_every=2, eval_every=0, log_every=1)
+    trainer(m, data_dir, str(tmp_path / kind), cfg, shards=[names[1]], **kw)
+    settings = json.load(open(tmp_path / kind / "train_settings.json"))
+    assert settings["shards"] == [names[1]]
+    assert settings["examples"] == len(data.read_shard(data_dir, names[1])[0])

@@ -95,22 +95,29 @@ def _train(args, what: str, train_fn, **kwargs) -> int:
     return 0
 
 
+def _shards(args) -> list[str] | None:
+    """The data shards --shards names (None: all)."""
+    from .data import select_shards
+    return select_shards(args.data, args.shards) if args.shards else None
+
+
 def cmd_eagle(args) -> int:
     from .eagle import train_eagle
     return _train(args, "EAGLE head", train_eagle, draft_vocab_size=args.draft_vocab, ttt_steps=args.ttt_steps,
-                  tied_head=args.tied_head)
+                  tied_head=args.tied_head, shards=_shards(args))
 
 
 def cmd_mtp(args) -> int:
     from .mtp import train_mtp
     return _train(args, f"MTP head ({args.modules} modules)", train_mtp, num_modules=args.modules,
-                  draft_vocab_size=args.draft_vocab)
+                  draft_vocab_size=args.draft_vocab, shards=_shards(args))
 
 
 def cmd_draft(args) -> int:
     from .draft import train_draft
     return _train(args, f"draft model ({args.layers} layers, width {args.width})", train_draft,
-                  hidden_size=args.width, num_layers=args.layers, init=args.init, loss=args.loss)
+                  hidden_size=args.width, num_layers=args.layers, init=args.init, loss=args.loss,
+                  shards=_shards(args))
 
 
 def cmd_onpolicy(args) -> int:
@@ -170,6 +177,11 @@ def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
                    "weights and optimizer state over model (default: every device over data)")
 
 
+def _shards_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shards", default=None,
+                   help="train on these data shards only, e.g. 48-51,60 (shard indices; default: all)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `train` and its subcommands to the jaxspec command line."""
     train = sub.add_parser("train", help="make self-distilled data and train draft heads")
@@ -225,6 +237,7 @@ def _eagle_commands(tsub) -> None:
     e.add_argument("--tied-head", action="store_true",
                    help="draft through the target's frozen output rows (no stored lm_head: a large --draft-vocab "
                         "costs no checkpoint size)")
+    _shards_arg(e)
     e.set_defaults(handler=cmd_eagle)
     sc = tsub.add_parser("scaling", help="EAGLE heads on 1/8, 1/4, 1/2 and all of the data, the same epochs "
                                          "each: held-out acceptance against data size (scaling.json, scaling.png)")
@@ -240,6 +253,7 @@ def _eagle_commands(tsub) -> None:
     _training_args(m, steps=2000, lr=1e-3)
     m.add_argument("--modules", type=int, default=2, help="number of MTP modules D (1-4 is usual)")
     m.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size Vd")
+    _shards_arg(m)
     m.set_defaults(handler=cmd_mtp)
 
 
@@ -253,6 +267,7 @@ def _draft_commands(tsub) -> None:
     dm.add_argument("--init", default=None, help="a draft model folder to start from (its shape wins)")
     dm.add_argument("--loss", choices=["kl", "tv"], default="kl",
                     help="kl: soft cross-entropy to the target; tv: total variation (DistillSpec)")
+    _shards_arg(dm)
     dm.set_defaults(handler=cmd_draft)
     op = tsub.add_parser("onpolicy", help="on-policy rounds: the draft answers new prompts, the target scores "
                                           "them, the draft is fine-tuned with the TV loss (DistillSpec)")

@@ -245,6 +245,27 @@ def _make_shard(model, writer, shard: list, texts: dict, settings: dict, number:
                             "seconds": round(time.perf_counter() - start, 1), "batch_size": batch_size}) + "\n")
 
 
+def select_shards(data_dir: str, spec: str) -> list[str]:
+    """The shards a spec such as "48-51,60" names (shard indices, ranges inclusive), checked to exist."""
+    names = shard_names(data_dir)
+    index = {int(n[len("shard-"):-len(".npz")]): n for n in names}
+    chosen = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        try:
+            lo, _, hi = item.partition("-")
+            span = range(int(lo), int(hi or lo) + 1)
+        except ValueError:
+            raise ValueError(f"--shards takes indices and ranges such as 48-51,60, not {item!r}") from None
+        missing = [i for i in span if i not in index]
+        if missing or not span:
+            raise ValueError(f"{data_dir} has no shard {missing[0] if missing else item} "
+                             f"(it holds shards {min(index)}-{max(index)})")
+        chosen += [index[i] for i in span if index[i] not in chosen]
+    if not chosen:
+        raise ValueError(f"--shards {spec!r} names no shard")
+    return chosen
+
+
 def shard_names(data_dir: str) -> list[str]:
     """The complete data shards in `data_dir`, in order."""
     if not os.path.isdir(data_dir):

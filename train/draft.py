@@ -74,12 +74,12 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
                 feature_layers=None, tokens_per_batch: int = 2048, seed: int = 0, resume: bool = False,
                 eval_prompts=None, eval_tokens: int = 64, progress: bool = True, on_step=None,
                 until: int | None = None, answer_only: bool = False, init: str | None = None, loss: str = "kl",
-                **config_kw):
+                shards: list[str] | None = None, **config_kw):
     """Distil a draft model of width hidden_size and num_layers layers from `model`; save it to out_dir
     (a Hugging Face folder + draft.json). feature_layers only names the feature cache to reuse.
     init: a saved draft model folder to start from (its shape replaces hidden_size and num_layers), e.g.
-    for on-policy fine-tuning on answers it wrote itself; loss: "kl" or "tv" (draft_loss).
-    -> the DraftModel."""
+    for on-policy fine-tuning on answers it wrote itself; loss: "kl" or "tv" (draft_loss). shards: train on
+    these data shards only (default all). -> the DraftModel."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     start = DraftModel.load(init) if init else None
@@ -88,9 +88,9 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
         hidden_size, num_layers = start.model.config.hidden_size, start.model.config.num_layers
     cfg = (start.model.config if start is not None
            else draft_config(model.config, hidden_size, num_layers, **config_kw))
-    feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress)
+    feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress, names=shards)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only)
+                             answer_only=answer_only, names=shards)
     if start is not None:
         params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), start.model.params)
     else:
@@ -100,7 +100,8 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
     settings = {"kind": "draft", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "config": dataclasses.asdict(cfg),
                 "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
-                "answer_only": answer_only, "loss": loss, **({"init": init} if init else {})}
+                "answer_only": answer_only, "loss": loss, **({"init": init} if init else {}),
+                **({"shards": list(shards)} if shards is not None else {})}
     graph, params = nnx.split(LlamaModule(cfg, params))
     loss_fn = lambda p, fz, b: draft_loss(graph, p, fz, b, loss)
     drafter_of = lambda p: DraftModel(Model(cfg, nnx.merge(graph, p).params(), model.tokenizer,

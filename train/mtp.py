@@ -52,17 +52,19 @@ def mtp_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, decay: float
 def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 2, draft_vocab_size: int = 4096,
               feature_layers=None, tokens_per_batch: int = 4096, seed: int = 0, resume: bool = False,
               eval_prompts=None, eval_tokens: int = 64, progress: bool = True, on_step=None,
-              until: int | None = None, answer_only: bool = False, init_from_target: bool = True):
+              until: int | None = None, answer_only: bool = False, init_from_target: bool = True,
+              shards: list[str] | None = None):
     """Train D = num_modules MTP modules for `model` on the self-distilled data; save them to out_dir.
 
     feature_layers only names the feature cache to reuse (EAGLE's default); MTP reads its last slot.
-    init_from_target: every module's block starts as a copy of the target's last layer. -> the MTP drafter."""
+    init_from_target: every module's block starts as a copy of the target's last layer. shards: train on these
+    data shards only (default all). -> the MTP drafter."""
     vocab = model.config.vocab_size
     cfg = MTPConfig.for_target(model.config, num_modules, min(draft_vocab_size, vocab))
-    d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size)
-    feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress)
+    d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size, names=shards)
+    feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress, names=shards)
     batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only)
+                             answer_only=answer_only, names=shards)
     block = ({k: layer_params(model.params, -1)[k] for k in BLOCK_KEYS} if init_from_target else None)
     head = MTPHead.init(cfg, rngs=nnx.Rngs(seed), d2t=d2t, block=block)
     graph, params, vocab = nnx.split(head, nnx.Param, DraftVocab)
@@ -71,7 +73,8 @@ def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 
     settings = {"kind": "mtp", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "num_modules": num_modules,
                 "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
-                "answer_only": answer_only, "init_from_target": init_from_target}
+                "answer_only": answer_only, "init_from_target": init_from_target,
+                **({"shards": list(shards)} if shards is not None else {})}
     loss_fn = lambda p, fz, b: mtp_loss(graph, p, fz, b)
     train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, frozen, batches, settings,
                lambda p: MTP(nnx.merge(graph, p, vocab)), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
