@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test benchmarks clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q tests
+
+# BENCHMARKS.md from the result files committed under benchmarks/ (tests/test_bench.py checks it is current)
+benchmarks: install
+	$(BIN)/jaxspec bench --report $(sort $(wildcard benchmarks/*.json)) --out BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache
