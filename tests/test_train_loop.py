@@ -322,7 +322,12 @@ def test_shards_restrict_training_to_the_chosen_data_shards(tiny_data, tmp_path,
             data.select_shards(data_dir, bad)
     trainer, kw, _ = TRAINERS[kind]
     cfg = loop.TrainConfig(steps=2, lr=3e-3, warmup=0, save_every=2, eval_every=0, log_every=1)
-    trainer(m, data_dir, str(tmp_path / kind), cfg, shards=[names[1]], **kw)
+    trained = trainer(m, data_dir, str(tmp_path / kind), cfg, shards=[names[1]], **kw)
     settings = json.load(open(tmp_path / kind / "train_settings.json"))
     assert settings["shards"] == [names[1]]
-    assert settings["examples"] == len(data.read_shard(data_dir, names[1])[0])
+    seqs, plens = data.read_shard(data_dir, names[1])
+    assert settings["examples"] == len(seqs)
+    described = trained.metadata.data                    # the head says which data it saw, not the folder's
+    assert described["shards"] == [names[1]] and described["examples"] == len(seqs) < data.summary(data_dir)["examples"]
+    assert described["answer_tokens"] == sum(len(s) - p for s, p in zip(seqs, plens))
+    assert TRAINERS[kind][2].load(str(tmp_path / kind)).metadata.data == described

@@ -309,13 +309,13 @@ def read_pool_index(z, rows: int) -> list[int]:
     return z["pool"].tolist() if "pool" in z else [0] * rows
 
 
-def summary(data_dir: str) -> dict:
+def summary(data_dir: str, names: list[str] | None = None) -> dict:
     """Counts for the README and notes: examples, prompt tokens, answer tokens, sampled answers, and the
-    examples and answer tokens of each prompt pool."""
+    examples and answer tokens of each prompt pool (of the shards `names`, default all)."""
     part_of = shard_pools(data_dir)
     n = prompt = answer = sampled = 0
     pools: dict[str, dict] = {}
-    for name in shard_names(data_dir):
+    for name in (shard_names(data_dir) if names is None else names):
         seqs, plens = read_shard(data_dir, name)
         with np.load(os.path.join(data_dir, name)) as z:
             pool = read_pool_index(z, len(seqs))

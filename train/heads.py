@@ -43,7 +43,8 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
     drafter = drafter_of(params)
     drafter.metadata = dataclasses.replace(
         drafter.metadata, target=model.source, target_fingerprint=model.fingerprint,
-        data={**summary(data_dir), "tokens_trained_on": batches.num_tokens,
+        data={**summary(data_dir, settings.get("shards")), "tokens_trained_on": batches.num_tokens,
+              **({"shards": settings["shards"]} if "shards" in settings else {}),
               "mix": [s["mix"] for s in data_settings(data_dir)], **data_meta},
         training={"steps": done, "schedule_steps": train_cfg.steps, "lr": train_cfg.lr,
                   "final_loss": record.get("loss"), "final_top1": record.get("top1_j"),
