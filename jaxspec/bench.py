@@ -548,11 +548,12 @@ def coverage_markdown(r: dict) -> str:
     cols = list(r["eval"]) + [f"data kept out: {p}" for p in r.get("data", {})]
     shares = list(r["eval"].values()) + list(r.get("data", {}).values())
     rows = [f"| {size} | " + " | ".join(f"{100 * s[i]:.2f}%" for s in shares) + " |" for i, size in enumerate(r["sizes"])]
-    counts = r.get("eval_answer_tokens")
-    counts = (", ".join(f"{k} {v:,}" for k, v in counts.items()) if isinstance(counts, dict) else counts)
-    return "\n".join([f"Share of the target's greedy answer tokens (eval answer tokens: {counts}) held by the Vd "
-                      f"most frequent answer tokens of {r.get('data_answer_tokens', 0):,} answer tokens of data.\n", "| Vd | " + " | ".join(cols) + " |",
-                      "|---:|" + "---:|" * len(cols)] + rows) + "\n"
+    per_source = r.get("eval_answer_tokens")
+    if isinstance(per_source, dict):
+        per_source = ", ".join(f"{source} {n:,}" for source, n in per_source.items())
+    return "\n".join([f"Share of the target's greedy answer tokens (eval answer tokens: {per_source}) held by the Vd "
+                      f"most frequent answer tokens of {r.get('data_answer_tokens', 0):,} answer tokens of data.\n",
+                      "| Vd | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)] + rows) + "\n"
 
 
 def scaling_markdown(r: dict) -> str:

@@ -1,6 +1,7 @@
 """The bench harness runs end to end on a tiny model (no figure is asserted: speed is noisy)."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 
@@ -245,13 +246,12 @@ def test_accelerator_preset_fills_what_is_not_given_and_runs_in_a_tiny_setting(t
 def test_benchmarks_md_is_generated_from_the_committed_results():
     """BENCHMARKS.md is `make benchmarks`: `bench --report` over benchmarks/*.json, each dated, so no figure
     in it lacks the result file and command it came from."""
-    import glob
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = sorted(glob.glob(os.path.join(root, "benchmarks", "*.json")))
     assert paths, "benchmarks/ holds no result files"
     for path in paths:
-        r = json.load(open(path))
+        with open(path) as f:
+            r = json.load(f)
         assert r.get("date") and r.get("command") and r.get("machine"), f"{path} lacks its date, command or machine"
     with open(os.path.join(root, "BENCHMARKS.md")) as f:
         assert f.read() == bench.report(paths), "BENCHMARKS.md is stale: run `make benchmarks`"
