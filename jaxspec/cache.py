@@ -11,6 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from . import rowwise
 from .config import ModelConfig
 
 
@@ -37,11 +38,8 @@ def positions(cache: KVCache, num_tokens: int) -> jax.Array:
 
 def write_layer(cache: KVCache, layer, k_new: jax.Array, v_new: jax.Array, pos: jax.Array) -> KVCache:
     """Write k_new, v_new [B, T, G, D] into layer `layer` at slots pos[B, T] (out-of-range slots dropped)."""
-    B, T = pos.shape
-    rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-    k = cache.k.at[layer, rows, pos].set(k_new.astype(cache.k.dtype), mode="drop")
-    v = cache.v.at[layer, rows, pos].set(v_new.astype(cache.v.dtype), mode="drop")
-    return cache._replace(k=k, v=v)
+    return cache._replace(k=rowwise.scatter(cache.k, pos, k_new, lead=(layer,)),
+                          v=rowwise.scatter(cache.v, pos, v_new, lead=(layer,)))
 
 
 def attention_mask(pos: jax.Array, capacity: int) -> jax.Array:
@@ -66,9 +64,7 @@ def keep_path(cache: KVCache, start: jax.Array, path: jax.Array) -> KVCache:
     The other nodes' slots lie past the length: dropped, never erased (jaxspec/tree.py)."""
     B, D = path.shape
     kept = jnp.sum(path >= 0, axis=1).astype(jnp.int32)
-    rows = jnp.arange(B)[:, None]
     src = start[:, None] + 1 + jnp.maximum(path, 0)                            # [B, D]
     dst = jnp.where(path >= 0, start[:, None] + 1 + jnp.arange(D), cache.capacity)   # out of range: dropped
-    k = cache.k.at[:, rows, dst].set(cache.k[:, rows, src], mode="drop")
-    v = cache.v.at[:, rows, dst].set(cache.v[:, rows, src], mode="drop")
-    return KVCache(k, v, start + 1 + kept)
+    move = lambda x: rowwise.scatter(x, dst, rowwise.gather(x, src, axis=1), axis=1)
+    return KVCache(move(cache.k), move(cache.v), start + 1 + kept)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import paths
+from . import paths, rowwise
 from .cache import rollback
 from .decode.batch import live_slots
 from .decode.speculative import spec_step, tree_step
@@ -154,7 +154,7 @@ def step_costs(model, drafter, ks, tokens, lengths, cache, sampling, live_attent
         dstate = drafter.init(dparams, jnp.asarray(tokens), lengths, cache.capacity, features)
         dstate = jax.tree_util.tree_map(jnp.copy, dstate)   # the timing donates it: no buffer shared with the caller
         history = jnp.zeros((B, cache.capacity + P), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
-        ctx = Context(history[jnp.arange(B), lengths - 1], history, lengths + 1, sampling,
+        ctx = Context(rowwise.gather(history, lengths - 1), history, lengths + 1, sampling,
                       jnp.zeros(features.shape[:2] + (P, cfg.hidden_size), features.dtype))
         timed_cache = jax.tree_util.tree_map(jnp.copy, rollback(cache, lengths))   # a copy: the timing donates it
         return params, dparams, timed_cache, dstate, ctx, jax.random.PRNGKey(0)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import policy, sharding
+from . import policy, rowwise, sharding
 from .config import ModelConfig
 from .costs import step_costs
 from .decode.batch import (LIVE_ATTENTION_MIN_BATCH, check_capacity, check_drafter, check_limits, check_prompts,
@@ -190,12 +190,13 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     if tree is not None:
         ks = ks + (tree,) if adaptive else (tree,)
     costs, cost_s, measured, plainly = np.ones((len(ks),), np.float32), 0.0, {}, False
-    if drafter is not None and adaptive:
-        drafter, costs, cost_s, measured = _plan(model, drafter, ks, tokens, lengths, cache, params_s, live_attention,
-                                                 step_costs)
-        plainly = drafter is None
-    result, compile_s, prefill_s, decode_s = _loop(model, drafter, ks, costs, tokens, lengths, limits, cache,
-                                                   params_s, eos_ids, key, N, live_attention, mesh)
+    with rowwise.over_devices(mesh is not None):         # per-row indexing that keeps rows on their devices
+        if drafter is not None and adaptive:
+            drafter, costs, cost_s, measured = _plan(model, drafter, ks, tokens, lengths, cache, params_s,
+                                                     live_attention, step_costs)
+            plainly = drafter is None
+        result, compile_s, prefill_s, decode_s = _loop(model, drafter, ks, costs, tokens, lengths, limits, cache,
+                                                       params_s, eos_ids, key, N, live_attention, mesh)
     out, count = sharding.to_host(result[0]), sharding.to_host(result[1])
     new = [out[i, :count[i]].tolist() for i in range(B)]
     total, wall = int(count.sum()), prefill_s + decode_s

@@ -18,6 +18,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from . import rowwise
+
 
 @dataclasses.dataclass(frozen=True)
 class Tree:
@@ -39,11 +41,10 @@ def ancestors(parents: jax.Array, depth: int) -> jax.Array:
     B, N = parents.shape
     par = jnp.concatenate([jnp.full((B, 1), -1, parents.dtype), parents + 1], axis=1)   # inputs: last -> -1
     par = jnp.where(jnp.arange(N + 1) == 0, -1, jnp.maximum(par, 0))                # node parent -1 -> last
-    rows = jnp.arange(B)[:, None]
     node = jnp.broadcast_to(jnp.arange(N + 1), (B, N + 1))
     mask = node[:, :, None] == jnp.arange(N + 1)[None, None]                     # self
     for _ in range(depth):
-        node = jnp.where(node >= 0, par[rows, jnp.maximum(node, 0)], -1)
+        node = jnp.where(node >= 0, rowwise.gather(par, jnp.maximum(node, 0)), -1)
         mask = mask | (node[:, :, None] == jnp.arange(N + 1)[None, None])
     return mask
 
@@ -75,25 +76,24 @@ def greedy_tree_accept(tokens: jax.Array, parents: jax.Array, valid: jax.Array, 
     B, N = tokens.shape
     if not 1 <= depth <= N:
         raise ValueError(f"depth must lie in [1, N = {N}], got {depth}")
-    rows = jnp.arange(B)[:, None]
-    after_parent = argmax[rows, jnp.maximum(parents + 1, 0)]                     # the target's token there
+    after_parent = rowwise.gather(argmax, jnp.maximum(parents + 1, 0))                     # the target's token there
     matches = valid & (tokens == after_parent)
     kept = matches
     for _ in range(depth):                                                       # a kept node's parent is kept
-        parent_kept = jnp.where(parents >= 0, kept[rows, jnp.maximum(parents, 0)], True)
+        parent_kept = jnp.where(parents >= 0, rowwise.gather(kept, jnp.maximum(parents, 0)), True)
         kept = matches & parent_kept
     levels = node_depths(parents, depth)[:, 1:]                                  # [B, N]
     score = jnp.where(kept, levels * (N + 1) + (N - jnp.arange(N)), 0)           # deepest, then first
     best = jnp.argmax(score, axis=1)
-    n = jnp.where(jnp.any(kept, axis=1), levels[rows[:, 0], best], 0)
-    on_path = ancestors(parents, depth)[rows[:, 0], best + 1, 1:] & (n[:, None] > 0)   # [B, N]
+    n = jnp.where(jnp.any(kept, axis=1), rowwise.gather(levels, best), 0)
+    on_path = rowwise.gather(ancestors(parents, depth), best + 1)[:, 1:] & (n[:, None] > 0)   # [B, N]
     order = jnp.where(on_path, levels, depth + 1)                                # path nodes sorted by level
     path = jnp.argsort(order, axis=1, stable=True)[:, :depth].astype(jnp.int32)
     path = jnp.where(jnp.arange(depth) < n[:, None], path, -1)
-    bonus = argmax[rows[:, 0], jnp.where(n > 0, best + 1, 0)]
-    path_tokens = jnp.where(path >= 0, tokens[rows, jnp.maximum(path, 0)], -1)
+    bonus = rowwise.gather(argmax, jnp.where(n > 0, best + 1, 0))
+    path_tokens = jnp.where(path >= 0, rowwise.gather(tokens, jnp.maximum(path, 0)), -1)
     emitted = jnp.concatenate([path_tokens, jnp.full((B, 1), -1, jnp.int32)], axis=1)
-    emitted = emitted.at[jnp.arange(B), n].set(bonus)
+    emitted = rowwise.scatter(emitted, n, bonus)
     return n.astype(jnp.int32), path, emitted
 
 
@@ -202,7 +202,6 @@ def grow_tree(first_logp: jax.Array, expand, carry, tree: Tree):
     previous frontier, -1 at level 1). The children are deterministic (sampled_tree_accept, one-hot).
     -> (tokens int32[B, N], parents int32[B, N], valid bool[B, N], carry), nodes in level order."""
     B, k, N = first_logp.shape[0], tree.top_k, tree.budget
-    rows = jnp.arange(B)[:, None]
     score, tok = jax.lax.top_k(first_logp.astype(jnp.float32), k)                # [B, k]
     scores, toks, cands = [score], [tok], [jnp.full((B, k), -1, jnp.int32)]     # cands: parent's candidate index
     front_tok, front_score, front_idx = tok, score, jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (B, k))
@@ -214,17 +213,17 @@ def grow_tree(first_logp: jax.Array, expand, carry, tree: Tree):
         scores.append(score), toks.append(ct.reshape(B, k * k))
         cands.append(jnp.repeat(front_idx, k, axis=1))
         front_score, pick = jax.lax.top_k(score, k)                                   # the next frontier
-        front_tok, front_parent = ct.reshape(B, k * k)[rows, pick], (pick // k).astype(jnp.int32)
+        front_tok, front_parent = rowwise.gather(ct.reshape(B, k * k), pick), (pick // k).astype(jnp.int32)
         front_idx, made = (made + pick).astype(jnp.int32), made + k * k
     score, tok, cand = (jnp.concatenate(x, axis=1) for x in (scores, toks, cands))   # [B, M]
     kept = min(N, made)
     sel = jnp.sort(jax.lax.top_k(score, kept)[1], axis=1)                         # ties: the earlier node
-    node_of = jnp.full((B, made), -1, jnp.int32).at[rows, sel].set(jnp.arange(kept, dtype=jnp.int32))
-    parent_cand = cand[rows, sel]
-    parents = jnp.where(parent_cand >= 0, node_of[rows, jnp.maximum(parent_cand, 0)], -1)
-    valid = jnp.isfinite(score[rows, sel]) & ((parent_cand < 0) | (parents >= 0))
+    node_of = rowwise.scatter(jnp.full((B, made), -1, jnp.int32), sel, jnp.broadcast_to(jnp.arange(kept, dtype=jnp.int32), sel.shape))
+    parent_cand = rowwise.gather(cand, sel)
+    parents = jnp.where(parent_cand >= 0, rowwise.gather(node_of, jnp.maximum(parent_cand, 0)), -1)
+    valid = jnp.isfinite(rowwise.gather(score, sel)) & ((parent_cand < 0) | (parents >= 0))
     pad = lambda x, v: jnp.pad(x, ((0, 0), (0, N - kept)), constant_values=v)
-    return pad(tok[rows, sel].astype(jnp.int32), 0), pad(parents, -1), pad(valid, False), carry
+    return pad(rowwise.gather(tok, sel).astype(jnp.int32), 0), pad(parents, -1), pad(valid, False), carry
 
 
 def frontier_inputs(start: jax.Array, seen, parent: jax.Array, level: int, k: int, capacity: int):
@@ -236,6 +235,6 @@ def frontier_inputs(start: jax.Array, seen, parent: jax.Array, level: int, k: in
     first = start + (level - 1) * k
     slot = jnp.arange(capacity, dtype=jnp.int32)[None, None, :]
     own = slot == (first[:, None] + jnp.arange(k, dtype=jnp.int32))[:, :, None]
-    before = slot < start[:, None, None] if seen is None else seen[jnp.arange(B)[:, None], jnp.maximum(parent, 0)]
+    before = slot < start[:, None, None] if seen is None else rowwise.gather(seen, jnp.maximum(parent, 0))
     rope = jnp.broadcast_to((start + level - 1)[:, None], (B, k)).astype(jnp.int32)
     return first, rope, before | own

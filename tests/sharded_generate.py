@@ -1,9 +1,14 @@
 """Run as a script with XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/test_sharding.py):
-generation on one device and on meshes (8, 1), (4, 2), (2, 4); prints one JSON object."""
+generation on one device and on meshes (8, 1), (4, 2), (2, 4); prints one JSON object.
+
+A random tiny target with every drafter fixed and an EAGLE tree; with argv[1] "real" also SmolLM2 with
+its shipped drafters, adaptive (the case that deadlocked on (4, 2))."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import sys
 
 import jax
@@ -13,13 +18,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jaxspec  # noqa: E402
 from jaxspec.decode import programs  # noqa: E402
-from jaxspec.drafters import MTP, DraftModel, Eagle, NGram  # noqa: E402
+from jaxspec.drafters import MTP, DraftModel, Eagle, NGram, shipped  # noqa: E402
 from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params  # noqa: E402
+from jaxspec.models import stack_layers  # noqa: E402
 from jaxspec.sharding import make_mesh  # noqa: E402
 from tests.conftest import TINY, tiny_model  # noqa: E402
 
 MESHES = [(8, 1), (4, 2), (2, 4)]
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2][: 2 + i] for i in range(7)] + [[5] * 11]     # 8 lengths (distributed_run)
+# pinned step costs (plain steps) that make the adaptive policy switch between K = 0, chain and tree arms
+SWITCHING_COSTS = {0: 1.0, 1: 1.3, 2: 1.5, "tree": 1.35}   # the tree below K = 2: it gets taken
+QUESTIONS = ["Hi", "What is 2+2?", "Write a haiku about the sea.", "Name three colors.", "Tell me a joke.",
+             "How do I sort a list in Python?", "Explain gravity to a child in simple words.", "Why?"]
 
 
 def drafters():
@@ -30,6 +40,30 @@ def drafters():
             "mtp": MTP(init_mtp_params(mc, jax.random.PRNGKey(4), scale=0.5), mc)}
 
 
+def tiny_runs(model) -> list:
+    """(name, target, drafter, generate kwargs): every drafter fixed at K = 3 and an EAGLE tree (adaptive
+    loops: real_runs)."""
+    fixed = dict(max_new_tokens=16, adaptive=False, num_draft_tokens=3)
+    runs = [(name, model, d, fixed) for name, d in drafters().items()]
+    return runs + [("eagle tree", model, drafters()["eagle"], {**fixed, "tree": jaxspec.Tree(8, 3, 2)})]
+
+
+def real_runs(model) -> list:
+    """SmolLM2's shipped drafters, adaptive (the default) with switching costs, K = 2 (arms 0, 1, 2) and a
+    tree offered to EAGLE. EAGLE runs on the model as loaded (30 layers unrolled: the case that deadlocked
+    on (4, 2)); the others on the same weights stacked (scanned layers: a third of the compile time)."""
+    stacked = dataclasses.replace(model, params={**model.params, "layers": stack_layers(model.params["layers"])})
+    kw = dict(max_new_tokens=10, num_draft_tokens=2)
+    tree = jaxspec.Tree(8, 3, 2)
+    runs = [("eagle", model, shipped(model, "eagle"), {**kw, "tree": tree, "step_costs": _costs(tree)})]
+    runs += [(kind, stacked, shipped(model, kind), {**kw, "step_costs": _costs(None)}) for kind in ("mtp", "draft")]
+    return runs + [("ngram", stacked, NGram(), {**kw, "step_costs": _costs(None)})]
+
+
+def _costs(tree) -> dict:
+    return {k: c for k, c in SWITCHING_COSTS.items() if k != "tree" or tree is not None}
+
+
 def placements() -> list:
     """The PartitionSpecs the newest compiled program takes its arguments with."""
     exe = next(reversed(programs._PROGRAMS.values()))
@@ -37,35 +71,61 @@ def placements() -> list:
                    if isinstance(s, jax.sharding.NamedSharding)})
 
 
-def main() -> None:
-    assert jax.device_count() == 8, jax.devices()
-    model = tiny_model()
-    prompts = [[1, 2, 3, 1, 2, 3, 1, 2, 3, 4][: 2 + i] for i in range(7)] + [[5] * 13]   # 8 lengths
-    result = {"greedy": {}, "sampled": {}, "specs": {}}
-    runs = [(name, d, None) for name, d in drafters().items()] + [("eagle tree", drafters()["eagle"],
-                                                                   jaxspec.Tree(8, 3, 2))]
-    for name, drafter, tree in runs:
-        kw = dict(max_new_tokens=16, drafter=drafter, adaptive=False, num_draft_tokens=3, tree=tree)
-        one = jaxspec.generate(model, prompts, **kw).tokens
-        sampled_one = jaxspec.generate(model, prompts, sampling=jaxspec.Sampling(temperature=1.0), seed=3, **kw).tokens
-        result["greedy"][name] = {"one": one}
-        result["sampled"][name] = {"one": sampled_one}
+def cross_row_collectives() -> list:
+    """Collectives of the newest compiled loop that move rows between devices: on a (data, 1) mesh a
+    row's work needs none, only all-reduces for batch-wide decisions (every row done, the policy's
+    worst row). top_k is exempt: XLA gathers its input whatever its sharding (trees; see rowwise.py)."""
+    text = next(reversed(programs._PROGRAMS.values())).as_text()
+    found = re.findall(r"= \S+ (all-gather|collective-permute|all-to-all|reduce-scatter)\(.*?op_name=\"([^\"]*)\"", text)
+    return sorted({f"{kind} from {op.split('/')[-1]}" for kind, op in found if op.split("/")[-1] != "top_k"})
+
+
+def run_all(prompts, runs) -> dict:
+    result = {"greedy": {}, "sampled": {}, "specs": {}, "collectives": {}, "arms": {}}
+    for name, model, drafter, kw in runs:
+        sampled = lambda **m: jaxspec.generate(model, prompts, sampling=jaxspec.Sampling(temperature=1.0), seed=3,
+                                               drafter=drafter, **kw, **m).tokens
+        one = jaxspec.generate(model, prompts, drafter=drafter, **kw)
+        result["greedy"][name], result["sampled"][name] = {"one": one.tokens}, {"one": sampled()}
+        result["arms"][name] = {"one": one.stats.steps_per_k}
         for shape in MESHES:
             mesh = make_mesh(*shape)
-            result["greedy"][name][str(shape)] = jaxspec.generate(model, prompts, mesh=mesh, **kw).tokens
+            out = jaxspec.generate(model, prompts, mesh=mesh, drafter=drafter, **kw)
+            result["greedy"][name][str(shape)] = out.tokens
+            result["arms"][name][str(shape)] = out.stats.steps_per_k
             result["specs"][f"{name} {shape}"] = placements()
-            result["sampled"][name][str(shape)] = jaxspec.generate(
-                model, prompts, sampling=jaxspec.Sampling(temperature=1.0), seed=3, mesh=mesh, **kw).tokens
-    # the single-device logits where a greedy row departs (a float near-tie is the only excuse)
-    result["top2_gap"] = {}
-    for name, runs_ in result["greedy"].items():
+            if shape[1] == 1:
+                result["collectives"][name] = cross_row_collectives()
+            result["sampled"][name][str(shape)] = sampled(mesh=mesh)
+    result["top2_gap"] = near_ties(runs[0][1], prompts, result["greedy"])
+    return result
+
+
+def near_ties(model, prompts, greedy: dict) -> dict:
+    """The single-device top-2 logit gap where a greedy row departs (a float near-tie is the only excuse)."""
+    gaps = {}
+    for name, runs_ in greedy.items():
         for shape, rows in runs_.items():
             for i, (a, b) in enumerate(zip(runs_["one"], rows)):
                 if a != b:
                     pos = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
                     logits = np.asarray(model.logits([prompts[i] + a[:pos]])[0, -1])
                     top = np.sort(logits)[-2:]
-                    result["top2_gap"][f"{name} {shape} row {i}"] = float(top[1] - top[0])
+                    gaps[f"{name} {shape} row {i}"] = float(top[1] - top[0])
+    return gaps
+
+
+def main() -> None:
+    """One JSON object: {"tiny": results, "real": results} (real only with argv[1] == "real")."""
+    assert jax.device_count() == 8, jax.devices()
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2, 3, 4][: 2 + i] for i in range(7)] + [[5] * 13]   # 8 lengths
+    result = {"tiny": run_all(prompts, tiny_runs(tiny_model()))}
+    if sys.argv[1:] == ["real"]:
+        model = jaxspec.load("smollm2-135m-instruct")
+        chats = [model.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+                 for q in QUESTIONS]
+        programs.clear()                                   # the tiny programs are done with
+        result["real"] = run_all(chats, real_runs(model))
     print(json.dumps(result))
 
 

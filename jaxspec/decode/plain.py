@@ -6,6 +6,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .. import rowwise
 from ..cache import KVCache
 from ..models import forward
 from ..sampling import sample_tokens
@@ -38,7 +39,7 @@ def autoregressive(params, first, limits, cache, sampling, eos_ids, key, *, cfg,
         slot = jnp.where(s.done, capacity_out, s.count)               # finished rows write nowhere
         count = s.count + (~s.done).astype(jnp.int32)
         return PlainState(cache=cache, last=jnp.where(s.done, s.last, tok),
-                          out=s.out.at[jnp.arange(B), slot].set(tok, mode="drop"), count=count,
+                          out=rowwise.scatter(s.out, slot, tok), count=count,
                           done=s.done | jnp.isin(tok, eos_ids) | (count >= limits), key=key, steps=s.steps + 1)
 
     count = jnp.ones((B,), jnp.int32)

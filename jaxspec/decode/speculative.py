@@ -12,7 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from .. import policy
+from .. import policy, rowwise
 from ..cache import KVCache, rollback
 from ..config import ModelConfig
 from ..drafters.base import Context, Drafter
@@ -119,10 +119,9 @@ def tree_step(params, dparams, cache, dstate, ctx: Context, key, *, cfg, drafter
     n, emitted, path, hidden, cache = verify_tree(params, cache, ctx.last, tokens, parents, valid, probs,
                                                   ctx.sampling, k_accept, cfg=cfg, depth=tree.depth,
                                                   hidden_layers=drafter.hidden_layers)
-    rows = jnp.arange(ctx.last.shape[0])[:, None]
     on_path = jnp.concatenate([jnp.zeros_like(path[:, :1]), jnp.maximum(path + 1, 0)], axis=1)   # [B, D + 1]
     pad = width - (tree.depth + 1)
-    hidden = jnp.pad(hidden[:, rows, on_path], ((0, 0), (0, 0), (0, pad), (0, 0)))
+    hidden = jnp.pad(rowwise.gather(hidden, on_path, axis=1), ((0, 0), (0, 0), (0, pad), (0, 0)))
     return n, jnp.pad(emitted, ((0, 0), (0, pad)), constant_values=-1), cache, dstate, hidden
 
 
@@ -177,10 +176,9 @@ def check_state(drafter: Drafter, before, after, method: str) -> None:
 
 def emit(buf, start, tokens, count):
     """Write tokens[B, W] at buf[b, start[b] + i] for i < count[b] (other slots dropped)."""
-    B, W = tokens.shape
-    idx = jnp.arange(W, dtype=jnp.int32)
+    idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
     slots = jnp.where(idx[None] < count[:, None], start[:, None] + idx[None], buf.shape[1])
-    return buf.at[jnp.arange(B)[:, None], slots].set(tokens, mode="drop")
+    return rowwise.scatter(buf, slots, tokens)
 
 
 def _context_of(s: SpecState, fixed: Fixed) -> Context:
@@ -234,7 +232,7 @@ def _step(choice: int, s: SpecState, fixed: Fixed, st: Static) -> SpecState:
     new = s._replace(
         cache=rollback(new_cache, jnp.where(s.done, s.cache.length, s.cache.length + n + 1)),
         dstate=committed,
-        last=jnp.where(s.done, s.last, emitted[jnp.arange(n.shape[0]), n]),
+        last=jnp.where(s.done, s.last, rowwise.gather(emitted, n)),
         history=emit(s.history, ctx.history_len, emitted, count), count=s.count + count,
         done=s.done | (eos_at.any(1) & (upto_eos <= count)) | (s.count + count >= fixed.limits),
         key=key, steps=s.steps + 1, acc=_count(s.acc, active, n, k_now, choice, drafted), features=hidden,
@@ -260,7 +258,7 @@ def _initial_state(fixed: Fixed, st: Static, tokens, lengths, cache, key, first,
     features = jnp.zeros((len(st.drafter.hidden_layers), B, P, st.cfg.hidden_size), fixed.params["embed"].dtype)
     last_pos = jnp.take_along_axis(prompt_features, (lengths - 1)[None, :, None, None], axis=2)
     count = jnp.ones((B,), jnp.int32)
-    s = SpecState(cache=cache, last=first, history=history.at[jnp.arange(B), lengths].set(first), count=count,
+    s = SpecState(cache=cache, last=first, history=rowwise.scatter(history, lengths, first), count=count,
                   done=jnp.isin(first, fixed.eos_ids) | (count >= fixed.limits),
                   dstate=st.drafter.init(fixed.dparams, tokens, lengths, cache.capacity, prompt_features),
                   key=key, steps=zero,

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .. import rowwise
 from ..cache import init_cache, rollback
 from ..heads.eagle import EagleConfig, EagleHead
 from ..heads.io import load_head, save_head
@@ -87,12 +88,12 @@ class Eagle(HeadDrafter):
 
     def _catch_up(self, params, state: EagleState, ctx: Context):
         """The head cache with the pairs of positions [written, the last pass's first) from the stored features."""
-        stored = state.stored
-        rows, head = jnp.arange(ctx.last.shape[0])[:, None], self.head(params)
+        stored, head = state.stored, self.head(params)
 
         def feed(cache, pos):                                          # pos [B, C]
-            tokens = jnp.take_along_axis(ctx.history, pos + 1, axis=1)
-            return head.step(params["embed"], head.fuse(stored[:, rows, pos]), tokens, cache, params["rows"])[2]
+            tokens = rowwise.gather(ctx.history, pos + 1)
+            return head.step(params["embed"], head.fuse(rowwise.gather(stored, pos, axis=1)), tokens, cache,
+                             params["rows"])[2]
 
         return catch_up(feed, state.cache, state.written, ctx.feature_positions(state.n_prev)[:, 0],
                         stored.shape[2])
@@ -104,7 +105,7 @@ class Eagle(HeadDrafter):
         first_pos = ctx.feature_positions(state.n_prev)[:, 0]   # the first pair the last pass revealed
         P = ctx.features.shape[2]
         tok_idx = jnp.minimum(first_pos[:, None] + 1 + jnp.arange(P), ctx.history.shape[1] - 1)
-        tokens = jnp.take_along_axis(ctx.history, tok_idx, axis=1)
+        tokens = rowwise.gather(ctx.history, tok_idx)
         head = self.head(params)
         h, logits, cache = head.step(params["embed"], head.fuse(ctx.features), tokens, rollback(cache, first_pos),
                                      params["rows"])
@@ -112,16 +113,14 @@ class Eagle(HeadDrafter):
 
     def sync(self, params: PyTree, state: EagleState, ctx: Context) -> PyTree:
         """Store the last pass's features at their positions (no head pass; see _catch_up)."""
-        rows, pos = jnp.arange(ctx.last.shape[0])[:, None], ctx.feature_positions(state.n_prev)    # [B, P]
-        stored = state.stored.at[:, rows, pos].set(ctx.features.astype(state.stored.dtype), mode="drop")
+        pos = ctx.feature_positions(state.n_prev)                                                  # [B, P]
+        stored = rowwise.scatter(state.stored, pos, ctx.features, axis=1)
         return state._replace(stored=stored)
 
     def propose(self, params: PyTree, state: EagleState, ctx: Context, key: jax.Array, num_draft: int) -> Proposal:
         head, embed = self.head(params), params["embed"]
         state = state._replace(cache=self._catch_up(params, state, ctx))
-        n_prev = state.n_prev
-        B, K = ctx.last.shape[0], num_draft
-        rows = jnp.arange(B)
+        n_prev, K = state.n_prev, num_draft
         h, logits, cache = self._write_pairs(params, state, ctx)
 
         def step(carry, tok):
@@ -129,8 +128,8 @@ class Eagle(HeadDrafter):
             h, logits, cache = head.step(embed, h, tok[:, None], cache, params["rows"])
             return (cache, h), head.target_logits(logits[:, 0])
 
-        tokens, probs, (cache, _) = sample_chain(head.target_logits(logits[rows, n_prev]), step,
-                                                 (cache, h[rows, n_prev][:, None]), key, K, ctx.sampling)
+        tokens, probs, (cache, _) = sample_chain(head.target_logits(rowwise.gather(logits, n_prev)), step,
+                                                 (cache, rowwise.gather(h, n_prev)[:, None]), key, K, ctx.sampling)
         return tokens, probs, state._replace(cache=cache, written=ctx.history_len - 1)
 
     def propose_tree(self, params: PyTree, state: EagleState, ctx: Context, key: jax.Array, tree: Tree) -> TreeProposal:
@@ -139,21 +138,20 @@ class Eagle(HeadDrafter):
         seeing only its ancestors there."""
         head, embed, k = self.head(params), params["embed"], tree.top_k
         state = state._replace(cache=self._catch_up(params, state, ctx))
-        rows = jnp.arange(ctx.last.shape[0])
         h, logits, cache = self._write_pairs(params, state, ctx)
-        start, h_root = cache.length, h[rows, state.n_prev]                       # h_root [B, E]
+        start, h_root = cache.length, rowwise.gather(h, state.n_prev)            # h_root [B, E]
         logp = lambda draft_logits: jax.nn.log_softmax(head.target_logits(draft_logits), axis=-1)
 
         def expand(carry, tokens, parent, level):
             cache, seen, h_front = carry
             h_in = jnp.broadcast_to(h_root[:, None], (*tokens.shape, h_root.shape[-1])) if level == 1 \
-                else h_front[rows[:, None], parent]                                 # [B, k, E]
+                else rowwise.gather(h_front, parent)                                # [B, k, E]
             length, rope, mask = frontier_inputs(start, seen, parent, level, k, cache.capacity)
             h_out, logits, cache = head.step(embed, h_in, tokens, rollback(cache, length), params["rows"],
                                              tree=(rope, mask))
             return logp(logits), (cache, mask, h_out)
 
-        tokens, parents, valid, (cache, _, _) = grow_tree(logp(logits[rows, state.n_prev]), expand,
+        tokens, parents, valid, (cache, _, _) = grow_tree(logp(rowwise.gather(logits, state.n_prev)), expand,
                                                           (cache, None, None), tree)
         return tokens, parents, valid, None, state._replace(cache=rollback(cache, start),
                                                             written=ctx.history_len - 1)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .. import rowwise
 from ..cache import init_cache, rollback
 from ..heads.eagle import to_target_logits
 from ..heads.io import load_head, save_head
@@ -107,19 +108,16 @@ class MTP(HeadDrafter):
 
     def _store(self, state: MTPState, ctx: Context):
         """The h^0 buffer with the last pass's h^0 at positions n - 2 - n_prev .. (those up to n - 2 are final)."""
-        buf = state.h0
-        rows = jnp.arange(buf.shape[0])[:, None]
-        return buf.at[rows, ctx.feature_positions(state.n_prev)].set(ctx.features[0].astype(buf.dtype), mode="drop")
+        return rowwise.scatter(state.h0, ctx.feature_positions(state.n_prev), ctx.features[0])
 
     def _catch_up(self, params, cache, buf, written, end, ctx: Context):
         """Every module over positions [written, end) (all inputs final there), CATCH_UP at a time."""
         D = self.cfg.num_modules
-        rows = jnp.arange(buf.shape[0])[:, None]
 
         def feed(cache, pos):                                                 # pos [B, C] from cache.length
             nxt = pos[:, :1] + 1 + jnp.arange(pos.shape[1] + D - 1)           # token_{p+1}, D - 1 further
-            nxt = ctx.history[rows, jnp.minimum(nxt, ctx.history.shape[1] - 1)]
-            return mtp_window(self._head(params), params["embed"], buf[rows, pos], nxt, cache, self.cfg,
+            nxt = rowwise.gather(ctx.history, nxt)                             # clamped to the last slot
+            return mtp_window(self._head(params), params["embed"], rowwise.gather(buf, pos), nxt, cache, self.cfg,
                               cache.length)[1]
 
         return catch_up(feed, cache, written, end, buf.shape[1])
@@ -149,32 +147,30 @@ class MTP(HeadDrafter):
         K, D = num_draft, min(num_draft, cfg.num_modules)
         W = max(K + D, cfg.num_modules)
         buf, n = self._store(state, ctx), ctx.history_len
-        rows = jnp.arange(buf.shape[0])[:, None]
         start = jnp.maximum(n - 1 - W, 0)                                     # the window: start .. n - 2
         cache = self._catch_up(params, state.cache, buf, state.written, start, ctx)
         window = start[:, None] + jnp.arange(W)                               # [B, W] positions
-        h = buf[rows, jnp.clip(window, 0, buf.shape[1] - 1)]
+        h = rowwise.gather(buf, window)                                       # clamped like the slots
         at = n - 2 - start                                                    # window index of n - 2
         seq = ctx.history                                                     # drafts go in at n, n + 1, ...
-        clip = lambda i: jnp.clip(i, 0, seq.shape[1] - 1)
         keys = jax.random.split(key, K)
         tokens, probs = [], []
         for j in range(D):                                                    # draft j + 1 from module j + 1
-            h, cache = mtp_module(head, j, embed, h, seq[rows, clip(window + j + 1)], rollback(cache, start), cfg)
-            tok, q = draw(self._logits(params, h[rows[:, 0], at]), keys[j])
-            seq = seq.at[rows[:, 0], n + j].set(tok, mode="drop")
+            h, cache = mtp_module(head, j, embed, h, rowwise.gather(seq, window + j + 1), rollback(cache, start), cfg)
+            tok, q = draw(self._logits(params, rowwise.gather(h, at)), keys[j])
+            seq = rowwise.scatter(seq, n + j, tok)
             tokens.append(tok), probs.append(q)
         h_rest = h
         for j in range(D, cfg.num_modules):       # K < D: keep the caches of the modules not drafting current
-            h_rest, cache = mtp_module(head, j, embed, h_rest, seq[rows, clip(window + j + 1)],
+            h_rest, cache = mtp_module(head, j, embed, h_rest, rowwise.gather(seq, window + j + 1),
                                        rollback(cache, start), cfg)
-        h = h[rows[:, 0], at][:, None]
+        h = rowwise.gather(h, at)[:, None]
         for j in range(D, K):                                                 # the last module runs on
             q_pos = n - 2 + (j - D + 1)
-            h, cache = mtp_module(head, D - 1, embed, h, seq[rows, clip(n - 1 + j)[:, None]],
+            h, cache = mtp_module(head, D - 1, embed, h, rowwise.gather(seq, (n - 1 + j)[:, None]),
                                   rollback(cache, q_pos), cfg)
             tok, q = draw(self._logits(params, h[:, 0]), keys[j])
-            seq = seq.at[rows[:, 0], n + j].set(tok, mode="drop")
+            seq = rowwise.scatter(seq, n + j, tok)
             tokens.append(tok), probs.append(q)
         state = state._replace(cache=rollback(cache, n - 1), h0=buf, written=jnp.maximum(state.written, start),
                                drafted=jnp.int32(K))
