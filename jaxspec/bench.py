@@ -22,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import paths
+from .plotting import pyplot
 
 EVAL_PROMPTS = "eval.jsonl"    # the default prompt file, in paths.prompts_dir()
 
@@ -31,10 +32,7 @@ def read_prompts(path: str | None, limit: int, source: str | None = None) -> lis
     paths.prompts_dir()); source: only the rows whose "source" field is this (e.g. gsm8k-test,
     humaneval, vicuna-80). ValueError for a missing file."""
     path = path or paths.prompt_file(EVAL_PROMPTS)
-    if not os.path.isfile(path):
-        raise ValueError(f"prompt file not found: {path}")
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = paths.read_jsonl(path)
     if source:
         found = sorted({r.get("source", "") for r in rows})
         rows = [r for r in rows if r.get("source") == source]
@@ -572,9 +570,9 @@ def scaling_markdown(r: dict) -> str:
 def plot(r: dict, out_dir: str) -> list:
     """speedup.png: speedup over plain vs batch size per decoder (one panel per temperature);
     acceptance.png: acceptance vs draft position per speculative decoder (batch 1 or the smallest)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(f"the plots of {out_dir}")
+    if plt is None:
+        return []
 
     temps = sorted({run["temperature"] for run in r["runs"]})
     fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
@@ -613,9 +611,7 @@ def plot(r: dict, out_dir: str) -> list:
 def plot_trees(run: dict, path: str) -> str:
     """Mean accepted length per target pass against tree budget N, one line per drafter, its K chain
     drawn at N = K (the fixed decoders of one run)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt                       # plot() made sure it is there
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for drafter in sorted({name.split(" ")[0] for name, d in run["decoders"].items() if d.get("tree")}):

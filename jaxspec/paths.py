@@ -8,7 +8,12 @@ the path looked at, never a quiet switch to something else. Measurements kept be
 """
 from __future__ import annotations
 
+import contextlib
+import json
+import lzma
 import os
+import shutil
+import tempfile
 
 ROOT_ENV, PROMPTS_ENV, CACHE_ENV = "JAXSPEC_ROOT", "JAXSPEC_PROMPTS", "JAXSPEC_CACHE"
 
@@ -26,10 +31,51 @@ def cache_dir() -> str:
     return os.path.abspath(os.environ.get(CACHE_ENV) or os.path.join(user_cache, "jaxspec"))
 
 
+def stored(path: str) -> str | None:
+    """path, or path + ".xz" when only that is there (the repository keeps its large files, prompt
+    files and shipped weights, xz-compressed; they are read as they are); None when neither is."""
+    for candidate in (path, path + ".xz"):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def read_bytes(path: str) -> bytes:
+    """The contents of path, or of path + ".xz" decompressed (see stored); ValueError if neither is there."""
+    found = stored(path)
+    if found is None:
+        raise ValueError(f"file not found: {path}")
+    with (lzma.open(found) if found.endswith(".xz") else open(found, "rb")) as f:
+        return f.read()
+
+
+@contextlib.contextmanager
+def plain_file(path: str):
+    """A context giving path itself, or when only path + ".xz" is there (see stored) a decompressed
+    temporary copy, removed on exit (for readers that take a file, such as safetensors')."""
+    found = stored(path)
+    if found is None:
+        raise ValueError(f"file not found: {path}")
+    if not found.endswith(".xz"):
+        yield found
+        return
+    with tempfile.NamedTemporaryFile(suffix="-" + os.path.basename(path)) as tmp, lzma.open(found) as src:
+        shutil.copyfileobj(src, tmp)
+        tmp.flush()
+        yield tmp.name
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """The rows of a JSONL file (or of its .xz form, see stored); ValueError if neither is there."""
+    if stored(path) is None:
+        raise ValueError(f"prompt file not found: {path}")
+    return [json.loads(line) for line in read_bytes(path).decode("utf-8").splitlines() if line.strip()]
+
+
 def prompt_file(name: str) -> str:
-    """The path of a prompt file in prompts_dir(); ValueError if it is not there."""
+    """The path of a prompt file in prompts_dir() (read it with read_jsonl); ValueError if it is not there."""
     path = os.path.join(prompts_dir(), name)
-    if not os.path.isfile(path):
+    if stored(path) is None:
         raise ValueError(f"prompt file not found: {path} (set ${PROMPTS_ENV} to the folder holding {name}, "
                          f"or pass a file)")
     return path

@@ -16,6 +16,8 @@ from pathlib import Path
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
+from .paths import read_bytes
+
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -164,7 +166,7 @@ class Tokenizer:
         """Build from a Hugging Face folder: tokenizer.json, tokenizer_config.json, chat_template.jinja
         and generation_config.json (whose `eos_token_id` ids are added to the eos ids)."""
         path = Path(path)
-        backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        backend = tokenizers.Tokenizer.from_str(read_bytes(str(path / "tokenizer.json")).decode("utf-8"))  # or .xz
 
         def load(name):
             p = path / name

@@ -2,6 +2,8 @@
 save/load, and refusal of a head made for another target (tiny random models)."""
 from __future__ import annotations
 
+import lzma
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -111,10 +113,14 @@ def test_save_load_round_trip_and_target_guard(tmp_path):
     as_stored = lambda v: v.astype(jnp.bfloat16).astype(jnp.float32) if v.dtype != jnp.int32 else v   # bfloat16
     chex.assert_trees_all_close(back.head_params, jax.tree_util.tree_map(as_stored, e.head_params))
     back.check_target(m)
+    params = tmp_path / "head" / "params.safetensors"                 # shipped heads are kept xz-compressed
+    (tmp_path / "head" / "params.safetensors.xz").write_bytes(lzma.compress(params.read_bytes()))
+    params.unlink()
+    chex.assert_trees_all_equal(Eagle.load(str(tmp_path / "head")).head_params, back.head_params)
     other = tiny_model(seed=5)
     with pytest.raises(ValueError, match="trained for target 'tiny'"):
         jaxspec.generate(other, [[1, 2]], max_new_tokens=4, drafter=back)
-    (tmp_path / "head" / "params.safetensors").write_bytes(b"\x00" * 20)
+    params.write_bytes(b"\x00" * 20)                                    # the plain file is read first
     with pytest.raises(ValueError, match="corrupt or truncated"):
         Eagle.load(str(tmp_path / "head"))
     with pytest.raises(ValueError, match="eagle head not found"):

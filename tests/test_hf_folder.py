@@ -8,6 +8,7 @@ and chat_template.jinja) and tiny random Llama / Qwen2 models. The reference is 
 from __future__ import annotations
 
 import json
+import lzma
 import shutil
 from pathlib import Path
 
@@ -185,6 +186,12 @@ def test_bfloat16_checkpoint(hf_tokenizer, tmp_path, name):
     assert ours.params["embed"].dtype == np.float32
     ids = _ids(1)
     _assert_close(ours.logits(ids), _torch_logits(ref_model, ids))
+    for name in ("model.safetensors", "tokenizer.json"):      # kept xz-compressed, as the shipped draft model is
+        (tmp_path / (name + ".xz")).write_bytes(lzma.compress((tmp_path / name).read_bytes()))
+        (tmp_path / name).unlink()
+    packed = jaxspec.load(str(tmp_path))
+    _assert_close(packed.logits(ids), _torch_logits(ref_model, ids))
+    assert packed.tokenizer.encode("Hello, world!") == ours.tokenizer.encode("Hello, world!")
 
 
 def test_tokenizer_from_folder(folders, hf_tokenizer):

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 import numpy as np
 from tqdm import tqdm
 
+from jaxspec import paths
+
 from .prompts import DEFAULT_DIR, parse_mix, pool_file, pool_orders, read_prompt_file, stream
 
 MANIFEST = "manifest.json"
@@ -154,7 +156,7 @@ def _checked_mix(mix, prompts_dir, num_prompts: int, sampled_fraction: float, te
         mix = parse_mix(mix)
     prompts_dir = prompts_dir or DEFAULT_DIR
     for pool in mix:
-        if not os.path.isfile(os.path.join(prompts_dir, pool_file(pool))):
+        if paths.stored(os.path.join(prompts_dir, pool_file(pool))) is None:
             raise ValueError(f"prompt file not found: {os.path.join(prompts_dir, pool_file(pool))}")
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")

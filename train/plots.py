@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import os
 
+from jaxspec.plotting import pyplot
+
 from .loop import read_metrics
 
 PLOT = "training.png"
-
-
-def pyplot():
-    """matplotlib.pyplot drawing to files (the Agg backend), or None when matplotlib is not installed."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
 
 
 def save(fig, path: str) -> str:
@@ -33,7 +24,7 @@ def save(fig, path: str) -> str:
 
 def plot_run(out_dir: str) -> str | None:
     """Write out_dir/training.png; -> its path (None when matplotlib is not installed)."""
-    plt = pyplot()
+    plt = pyplot(f"{PLOT} of {out_dir}")
     if plt is None:
         return None
     records = read_metrics(out_dir)

@@ -7,7 +7,6 @@ sequences only grow with more prompts, so extending the data keeps every earlier
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -18,10 +17,7 @@ DEFAULT_DIR = paths.prompts_dir()       # $JAXSPEC_PROMPTS, else data/prompts in
 
 def read_prompt_rows(path: str) -> list[dict]:
     """The rows of a JSONL prompt file (each with a "prompt" field)."""
-    if not os.path.isfile(path):
-        raise ValueError(f"prompt file not found: {path}")
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = paths.read_jsonl(path)
     if not rows:
         raise ValueError(f"{path} holds no prompts")
     if any("prompt" not in r for r in rows):

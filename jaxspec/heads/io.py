@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.flax import load_file, save_file
 
+from ..paths import plain_file, stored
+
 PARAMS, META = "params.safetensors", "head.json"
 
 
@@ -47,12 +49,13 @@ def load_head(path: str, kind: str, dtype=jnp.float32) -> tuple[dict, dict, dict
     ValueError for a missing, truncated or foreign head."""
     path = head_folder(path, kind)
     meta_path, params_path = os.path.join(path, META), os.path.join(path, PARAMS)
-    if not os.path.isfile(meta_path) or not os.path.isfile(params_path):
-        raise ValueError(f"{path} is not a {kind} head: it needs {META} and {PARAMS}")
+    if not os.path.isfile(meta_path) or stored(params_path) is None:
+        raise ValueError(f"{path} is not a {kind} head: it needs {META} and {PARAMS} (or {PARAMS}.xz)")
     try:
         with open(meta_path) as f:
             meta = json.load(f)
-        params = load_file(params_path)
+        with plain_file(params_path) as file:
+            params = load_file(file)
     except Exception as e:
         raise ValueError(f"cannot read the {kind} head in {path} (corrupt or truncated?): {e}") from e
     if meta.get("kind") != kind:

@@ -10,6 +10,7 @@ import numpy as np
 from safetensors import safe_open
 
 from ..config import ModelConfig
+from ..paths import plain_file, stored
 from ..tokenizer import Tokenizer
 from .weights import assemble_params
 
@@ -30,23 +31,31 @@ def load_hf_dir(path: str, dtype):
         raise ValueError(f"{path} has no config.json: not a Hugging Face model folder")
     with open(cfg_path) as f:
         cfg = ModelConfig.from_hf(json.load(f))
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    plain = glob.glob(os.path.join(path, "*.safetensors"))
+    files = sorted(plain + [f for f in glob.glob(os.path.join(path, "*.safetensors.xz")) if f[:-3] not in plain])
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")
-    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    if stored(os.path.join(path, "tokenizer.json")) is None:
         raise ValueError(f"{path} has no tokenizer.json")
     with contextlib.ExitStack() as stack:
         where = {}
         for file in files:
-            try:  # the flax framework reads bfloat16 too
-                handle = stack.enter_context(safe_open(file, framework="flax"))
-            except Exception as e:
-                raise ValueError(f"cannot read safetensors file {file}: {e}") from e
-            where.update({name: handle for name in handle.keys()})
+            where.update(_tensor_readers(file, stack))
 
         def read(name, layer):
             key = _GLOBAL_NAMES[name] if layer is None else f"model.layers.{layer}.{_LAYER_NAMES[name]}"
-            return np.asarray(where[key].get_tensor(key), np.float32) if key in where else None
+            return np.asarray(where[key](), np.float32) if key in where else None
 
         params = assemble_params(cfg, read, dtype)
     return cfg, params, Tokenizer.from_hf_dir(path)
+
+
+def _tensor_readers(file: str, stack: contextlib.ExitStack) -> dict:
+    """tensor name -> a function returning it, read lazily from a .safetensors file or from a
+    decompressed copy of a .safetensors.xz one (paths.plain_file). The flax framework reads bfloat16 too."""
+    try:
+        handle = stack.enter_context(safe_open(stack.enter_context(plain_file(file.removesuffix(".xz"))),
+                                               framework="flax"))
+        return {name: (lambda name=name: handle.get_tensor(name)) for name in handle.keys()}
+    except Exception as e:
+        raise ValueError(f"cannot read safetensors file {file}: {e}") from e
