@@ -69,7 +69,8 @@ def read_jsonl(path: str) -> list[dict]:
     """The rows of a JSONL file (or of its .xz form, see stored); ValueError if neither is there."""
     if stored(path) is None:
         raise ValueError(f"prompt file not found: {path}")
-    return [json.loads(line) for line in read_bytes(path).decode("utf-8").splitlines() if line.strip()]
+    lines = read_bytes(path).decode("utf-8").split("\n")          # not splitlines: JSON strings may hold U+2028
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def prompt_file(name: str) -> str:

@@ -27,7 +27,7 @@ from tests.conftest import TINY, tiny_model  # noqa: E402
 MESHES = [(8, 1), (4, 2), (2, 4)]
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2][: 2 + i] for i in range(7)] + [[5] * 11]     # 8 lengths (distributed_run)
 # pinned step costs (plain steps) that make the adaptive policy switch between K = 0, chain and tree arms
-SWITCHING_COSTS = {0: 1.0, 1: 1.3, 2: 1.5, "tree": 1.35}   # the tree below K = 2: it gets taken
+SWITCHING_COSTS = {0: 1.0, 1: 1.3, 2: 1.5, "tree": 1.5}
 QUESTIONS = ["Hi", "What is 2+2?", "Write a haiku about the sea.", "Name three colors.", "Tell me a joke.",
              "How do I sort a list in Python?", "Explain gravity to a child in simple words.", "Why?"]
 

