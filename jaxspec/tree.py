@@ -76,7 +76,7 @@ def greedy_tree_accept(tokens: jax.Array, parents: jax.Array, valid: jax.Array, 
     B, N = tokens.shape
     if not 1 <= depth <= N:
         raise ValueError(f"depth must lie in [1, N = {N}], got {depth}")
-    after_parent = rowwise.gather(argmax, jnp.maximum(parents + 1, 0))                     # the target's token there
+    after_parent = rowwise.gather(argmax, jnp.maximum(parents + 1, 0))          # the target's token there
     matches = valid & (tokens == after_parent)
     kept = matches
     for _ in range(depth):                                                       # a kept node's parent is kept
@@ -218,7 +218,8 @@ def grow_tree(first_logp: jax.Array, expand, carry, tree: Tree):
     score, tok, cand = (jnp.concatenate(x, axis=1) for x in (scores, toks, cands))   # [B, M]
     kept = min(N, made)
     sel = jnp.sort(jax.lax.top_k(score, kept)[1], axis=1)                         # ties: the earlier node
-    node_of = rowwise.scatter(jnp.full((B, made), -1, jnp.int32), sel, jnp.broadcast_to(jnp.arange(kept, dtype=jnp.int32), sel.shape))
+    numbers = jnp.broadcast_to(jnp.arange(kept, dtype=jnp.int32), sel.shape)
+    node_of = rowwise.scatter(jnp.full((B, made), -1, jnp.int32), sel, numbers)
     parent_cand = rowwise.gather(cand, sel)
     parents = jnp.where(parent_cand >= 0, rowwise.gather(node_of, jnp.maximum(parent_cand, 0)), -1)
     valid = jnp.isfinite(rowwise.gather(score, sel)) & ((parent_cand < 0) | (parents >= 0))

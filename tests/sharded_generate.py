@@ -76,7 +76,8 @@ def cross_row_collectives() -> list:
     row's work needs none, only all-reduces for batch-wide decisions (every row done, the policy's
     worst row). top_k is exempt: XLA gathers its input whatever its sharding (trees; see rowwise.py)."""
     text = next(reversed(programs._PROGRAMS.values())).as_text()
-    found = re.findall(r"= \S+ (all-gather|collective-permute|all-to-all|reduce-scatter)\(.*?op_name=\"([^\"]*)\"", text)
+    pattern = r"= \S+ (all-gather|collective-permute|all-to-all|reduce-scatter)\(.*?op_name=\"([^\"]*)\""
+    found = re.findall(pattern, text)
     return sorted({f"{kind} from {op.split('/')[-1]}" for kind, op in found if op.split("/")[-1] != "top_k"})
 
 
