@@ -27,11 +27,11 @@ $(DEV): $(RUNTIME)
 demo: install
 	$(BIN)/jaxspec demo
 
-# everything (about 35 minutes on 2 CPU cores); what .ci/run calls
+# everything (36 minutes on 2 CPU cores from a fresh clone); what .ci/run calls
 test: install-dev
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
-# everything but the tests that load the real model (about 10 minutes): while working
+# everything but the tests that load the real model: while working
 test-fast: install-dev
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
