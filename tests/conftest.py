@@ -40,6 +40,15 @@ def pytest_collection_modifyitems(config, items):
 TEST_CACHE = "JAXSPEC_TEST_CACHE"
 
 
+def child_env(devices: int | None = None) -> dict:
+    """The environment of a test's child JAX process: this run's XLA flags (make test's optimisation
+    level) kept, plus `devices` host devices when given."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if devices:
+        flags += f" --xla_force_host_platform_device_count={devices}"
+    return {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
+
+
 def pytest_configure(config):
     """One cache folder for the whole run (not the user's): step costs, compiled programs and cached
     weights (jaxspec/warm.py) made by one test, xdist worker, notebook or subprocess serve the others."""

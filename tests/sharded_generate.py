@@ -1,5 +1,5 @@
 """Run as a script with XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/test_sharding.py):
-generation on one device and on meshes (8, 1), (4, 2), (2, 4); prints one JSON object.
+generation on one device and on meshes (8, 1), (2, 4) and, for SmolLM2, (4, 2); prints one JSON object.
 
 A random tiny target with every drafter fixed and an EAGLE tree; with argv[1] "real" also SmolLM2 with
 its shipped drafters, adaptive (the case that deadlocked on (4, 2))."""
@@ -25,6 +25,7 @@ from jaxspec.sharding import make_mesh  # noqa: E402
 from tests.conftest import TINY, tiny_model  # noqa: E402
 
 MESHES = [(8, 1), (4, 2), (2, 4)]
+TINY_MESHES = [(8, 1), (2, 4)]          # rows over data, weights over model; (4, 2): the real runs
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2][: 2 + i] for i in range(7)] + [[5] * 11]     # 8 lengths (distributed_run)
 # pinned step costs (plain steps) that make the adaptive policy switch between K = 0, chain and tree arms
 SWITCHING_COSTS = {0: 1.0, 1: 1.3, 2: 1.5, "tree": 1.5}
@@ -81,23 +82,24 @@ def cross_row_collectives() -> list:
     return sorted({f"{kind} from {op.split('/')[-1]}" for kind, op in found if op.split("/")[-1] != "top_k"})
 
 
-def run_all(prompts, runs) -> dict:
-    result = {"greedy": {}, "sampled": {}, "specs": {}, "collectives": {}, "arms": {}}
+def run_all(prompts, runs, meshes) -> dict:
+    """Each run on one device and on every mesh; a batch holds each prompt twice, greedy and sampled at
+    temperature 1 (per-row sampling: one compiled loop serves both)."""
+    result = {"greedy": {}, "sampled": {}, "specs": {}, "collectives": {}, "arms": {},
+              "meshes": [str(shape) for shape in meshes]}
+    sampling = [jaxspec.Sampling()] * len(prompts) + [jaxspec.Sampling(temperature=1.0)] * len(prompts)
     for name, model, drafter, kw in runs:
-        sampled = lambda **m: jaxspec.generate(model, prompts, sampling=jaxspec.Sampling(temperature=1.0), seed=3,
-                                               drafter=drafter, **kw, **m).tokens
-        one = jaxspec.generate(model, prompts, drafter=drafter, **kw)
-        result["greedy"][name], result["sampled"][name] = {"one": one.tokens}, {"one": sampled()}
-        result["arms"][name] = {"one": one.stats.steps_per_k}
-        for shape in MESHES:
-            mesh = make_mesh(*shape)
-            out = jaxspec.generate(model, prompts, mesh=mesh, drafter=drafter, **kw)
-            result["greedy"][name][str(shape)] = out.tokens
-            result["arms"][name][str(shape)] = out.stats.steps_per_k
-            result["specs"][f"{name} {shape}"] = placements()
-            if shape[1] == 1:
+        for shape in [None] + meshes:
+            key = "one" if shape is None else str(shape)
+            out = jaxspec.generate(model, prompts * 2, sampling=sampling, seed=3, drafter=drafter,
+                                   mesh=None if shape is None else make_mesh(*shape), **kw)
+            result["greedy"].setdefault(name, {})[key] = out.tokens[:len(prompts)]
+            result["sampled"].setdefault(name, {})[key] = out.tokens[len(prompts):]
+            result["arms"].setdefault(name, {})[key] = out.stats.steps_per_k
+            if shape is not None:
+                result["specs"][f"{name} {shape}"] = placements()
+            if shape is not None and shape[1] == 1:
                 result["collectives"][name] = cross_row_collectives()
-            result["sampled"][name][str(shape)] = sampled(mesh=mesh)
     result["top2_gap"] = near_ties(runs[0][1], prompts, result["greedy"])
     return result
 
@@ -120,13 +122,13 @@ def main() -> None:
     """One JSON object: {"tiny": results, "real": results} (real only with argv[1] == "real")."""
     assert jax.device_count() == 8, jax.devices()
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2, 3, 4][: 2 + i] for i in range(7)] + [[5] * 13]   # 8 lengths
-    result = {"tiny": run_all(prompts, tiny_runs(tiny_model()))}
+    result = {"tiny": run_all(prompts, tiny_runs(tiny_model()), TINY_MESHES)}
     if sys.argv[1:] == ["real"]:
         model = jaxspec.load("smollm2-135m-instruct")
         chats = [model.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
                  for q in QUESTIONS]
         programs.clear()                                   # the tiny programs are done with
-        result["real"] = run_all(chats, real_runs(model))
+        result["real"] = run_all(chats, real_runs(model), MESHES)
     print(json.dumps(result))
 
 

@@ -1,5 +1,6 @@
 """Run as a script with 8 host devices (tests/test_sharding.py): EAGLE training steps on one device
-and on meshes (8, 1), (4, 2), (2, 4), and a run stopped on (4, 2) resumed on (8, 1) and on (1, 1).
+and on meshes (8, 1), (4, 2), (2, 4), and a run stopped on (4, 2) resumed on (8, 1) and on (1, 1); MTP
+and draft-model steps on one device and on the default mesh (every device on "data", no mesh set).
 argv: data_dir out_dir. Prints one JSON object {run: [[step, loss], ...]}."""
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ def main(data_dir: str, out: str) -> None:
         with jax.set_mesh(make_mesh(*shape)):
             train(chain_model(), data_dir, resumed, cfg, resume=True, **kw)
         result[f"resumed on {shape}"] = losses(resumed)
+    two = loop.TrainConfig(steps=2, lr=3e-3, warmup=1, save_every=2, eval_every=0, log_every=1)
+    for kind in ("mtp", "draft"):
+        train, kw, _ = TRAINERS[kind]
+        with jax.set_mesh(make_mesh(1, 1)):
+            train(chain_model(), data_dir, os.path.join(out, f"{kind} (1, 1)"), two, **kw)
+        train(chain_model(), data_dir, os.path.join(out, f"{kind} default"), two, **kw)
+        result.update({f"{kind} {m}": losses(os.path.join(out, f"{kind} {m}")) for m in ("(1, 1)", "default")})
     print(json.dumps(result))
 
 
