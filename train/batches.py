@@ -16,7 +16,8 @@ from .features import load_features
 
 
 class FeatureBatches:
-    """batch(k) -> {"tokens": int32[B, T], "mask": bool[B, T], "feats": uint16[B, T, N + 1, E]}.
+    """batch(k) -> {"tokens": int32[B, T], "mask": bool[B, T], "feats": uint16[B, T, N + 1, E]}; without a
+    feature folder (feat_dir None: the target runs in the step, train/joint.py) tokens and mask only.
 
     mask marks the loss positions: t whose next token t + 1 is part of the example, and with
     answer_only those whose first draft (token t + 2) falls in the answer (EAGLE's assistant-only loss)."""
@@ -24,7 +25,7 @@ class FeatureBatches:
     def __init__(self, data_dir: str, feat_dir: str, tokens_per_batch: int = 4096, rows_multiple: int = 1,
                  seed: int = 0, bucket_step: int = 128, answer_only: bool = False, names: list[str] | None = None):
         names = shard_names(data_dir) if names is None else names
-        feats = load_features(feat_dir, names)
+        feats = load_features(feat_dir, names) if feat_dir else [None] * len(names)
         self.seqs, self.where, self.first_loss = [], [], []
         for shard, name in zip(feats, names):
             seqs, prompt_lengths = read_shard(data_dir, name)
@@ -34,7 +35,7 @@ class FeatureBatches:
                 self.where.append((shard, start))
                 self.first_loss.append(max(0, p - 2) if answer_only else 0)
                 start += len(s)
-            if start != shard.shape[0]:
+            if shard is not None and start != shard.shape[0]:
                 raise ValueError(f"cached features of {name} do not match its tokens: recompute them")
         self.seed, self.rows_multiple = seed, rows_multiple
         self.buckets: dict[int, list[int]] = {}
@@ -73,10 +74,11 @@ class FeatureBatches:
         shard0 = self.where[ix[0]][0]
         tokens = np.zeros((B, T), np.int32)
         mask = np.zeros((B, T), bool)
-        feats = np.zeros((B, T) + shard0.shape[1:], np.uint16)
+        feats = None if shard0 is None else np.zeros((B, T) + shard0.shape[1:], np.uint16)
         for r, i in enumerate(ix):
             s, (shard, start) = self.seqs[i], self.where[i]
             tokens[r, :len(s)] = s
             mask[r, self.first_loss[i]:len(s) - 1] = True
-            feats[r, :len(s)] = shard[start:start + len(s)]
-        return {"tokens": tokens, "mask": mask, "feats": feats}
+            if feats is not None:
+                feats[r, :len(s)] = shard[start:start + len(s)]
+        return {"tokens": tokens, "mask": mask} | ({} if feats is None else {"feats": feats})

@@ -23,7 +23,7 @@ from jaxspec.models import init_params, lm_head
 from jaxspec.models.module import LlamaModule
 
 from .batches import FeatureBatches
-from .features import bits_to_float, cache_features, shared_layers
+from .features import cache_features, feature_floats, shared_layers
 from .heads import data_settings, train_head
 from .losses import stepwise_soft_ce, total_variation
 
@@ -59,7 +59,7 @@ def draft_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, loss: str 
     """Soft cross-entropy ("kl": forward KL up to a constant) or total variation ("tv") to the target's
     full-vocabulary distribution at every kept position; the draft model is nnx.merge(graph, params).
     frozen: {"target_out": the target's output params ({"embed"} or {"lm_head"})}. -> (loss, metrics)."""
-    feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
+    feats = feature_floats(batch["feats"])                                     # [B, T, N + 1, E]
     target_logits = lm_head(frozen["target_out"], feats[:, :, -1])           # [B, T, V]
     tokens = batch["tokens"]
     B, T = tokens.shape

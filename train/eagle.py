@@ -17,7 +17,7 @@ from jaxspec.heads.eagle import DraftVocab, EagleConfig, EagleHead
 from jaxspec.models import lm_head_rows
 
 from .batches import FeatureBatches
-from .features import bits_to_float, cache_features
+from .features import cache_features, feature_floats
 from .heads import data_settings, train_head
 from .losses import stepwise_soft_ce
 from .vocab import draft_vocabulary
@@ -79,7 +79,7 @@ def eagle_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, steps: int
     frozen: {"embed": [V, E] target embeddings, "target_head": [E, Vd] the target's output rows of the
     draft vocabulary, "vocab"}. batch["feats"]: the cached features (layout in train/features.py); the
     final normed state (slot N) times target_head gives the target's draft-vocabulary logits."""
-    feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
+    feats = feature_floats(batch["feats"])                                     # [B, T, N + 1, E]
     target_logits = jnp.einsum("bte,ev->btv", feats[:, :, -1], frozen["target_head"],
                                preferred_element_type=jnp.float32)
     head = nnx.merge(graph, params, frozen["vocab"])

@@ -36,11 +36,17 @@ def _to_bits(x):
     return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
 
 
-def _hidden(params, tokens, cfg, layers):
-    """tokens int32[B, T] -> bfloat16 bits uint16[B, T, N + 1, E]: the feature layers and the final norm."""
+def target_features(params, tokens, cfg, layers) -> jax.Array:
+    """tokens int32[B, T] -> float32[B, T, N + 1, E]: the feature layers and the final normed state (the
+    cache's layout, in float)."""
     B, T = tokens.shape
     x, hidden, _ = forward_hidden(params, tokens, init_cache(cfg, B, T, params["embed"].dtype), cfg, layers)
-    return _to_bits(jnp.concatenate([hidden, x[None]], axis=0).transpose(1, 2, 0, 3))
+    return jnp.concatenate([hidden, x[None]], axis=0).transpose(1, 2, 0, 3)
+
+
+def _hidden(params, tokens, cfg, layers):
+    """tokens int32[B, T] -> bfloat16 bits uint16[B, T, N + 1, E] of target_features."""
+    return _to_bits(target_features(params, tokens, cfg, layers))
 
 
 _hidden_jit = jax.jit(_hidden, static_argnames=("cfg", "layers"))
@@ -134,3 +140,9 @@ def load_features(feat_dir: str, names: list[str]) -> list[np.ndarray]:
 def bits_to_float(bits) -> jax.Array:
     """uint16 bfloat16 bits -> float32."""
     return jax.lax.bitcast_convert_type(jnp.asarray(bits, jnp.uint16), jnp.bfloat16).astype(jnp.float32)
+
+
+def feature_floats(feats) -> jax.Array:
+    """A batch's features [B, T, N + 1, E] as float32: cached bfloat16 bits converted, features the step
+    computed (train/joint.py) as they are."""
+    return bits_to_float(feats) if feats.dtype == jnp.uint16 else feats.astype(jnp.float32)

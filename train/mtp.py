@@ -18,7 +18,7 @@ from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, MTPHead, mtp_logits, mtp_wi
 from jaxspec.models import layer_params, lm_head_rows
 
 from .batches import FeatureBatches
-from .features import bits_to_float, cache_features, shared_layers
+from .features import cache_features, feature_floats, shared_layers
 from .heads import data_settings, train_head
 from .losses import shift_left, stepwise_soft_ce
 from .vocab import draft_vocabulary
@@ -30,7 +30,7 @@ def mtp_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, decay: float
 
     frozen: {"embed": [V, E], "norm": [E] the target's final norm, "rows": [E, Vd] its output rows of
     the draft vocabulary, "vocab"}. Loss: sum_j decay^(j-1) * soft CE of module j. -> (loss, {"loss_j", "top1_j"})."""
-    feats = bits_to_float(batch["feats"])                                     # [B, T, N + 1, E]
+    feats = feature_floats(batch["feats"])                                     # [B, T, N + 1, E]
     normed = feats[:, :, -1]
     target_logits = jnp.einsum("bte,ev->btv", normed, frozen["rows"], preferred_element_type=jnp.float32)
     g = frozen["norm"]

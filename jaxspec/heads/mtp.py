@@ -26,6 +26,7 @@ from flax import nnx
 
 from ..cache import KVCache, advance, attention_mask, positions, rollback
 from ..config import ModelConfig
+from ..precision import einsum, project
 from ..models.llama import _block, rms_norm, rope_angles
 from .eagle import DraftVocab
 
@@ -145,8 +146,7 @@ def mtp_module(params, j: int, embed: jax.Array, h_prev: jax.Array, tokens: jax.
     int32[B, T] are token_{p+j+1}. -> (h^{j+1} [B, T, E], cache with layer j written, length unchanged)."""
     m, mcfg = module_at(params, j), cfg.cache_config()
     e = rms_norm(embed[tokens].astype(h_prev.dtype), m["e_norm"], cfg.rms_norm_eps)
-    x = jnp.einsum("btc,ce->bte", jnp.concatenate([rms_norm(h_prev, m["h_norm"], cfg.rms_norm_eps), e], -1),
-                   m["proj"])
+    x = einsum("btc,ce->bte", jnp.concatenate([rms_norm(h_prev, m["h_norm"], cfg.rms_norm_eps), e], -1), m["proj"])
     pos = positions(cache, tokens.shape[1])
     cos, sin = rope_angles(pos, cfg.head_dim, cfg.rope_theta)
     x, cache = _block(mcfg, x, cache, m["block"], j, pos, cos, sin, attention_mask(pos, cache.capacity))
@@ -156,7 +156,7 @@ def mtp_module(params, j: int, embed: jax.Array, h_prev: jax.Array, tokens: jax.
 def mtp_logits(norm: jax.Array, rows: jax.Array, h: jax.Array, eps: float) -> jax.Array:
     """h [..., E] -> draft-vocabulary logits float32[..., Vd] through the target's final norm [E] and
     its output rows of the draft vocabulary [E, Vd]."""
-    return jnp.einsum("...e,ev->...v", rms_norm(h, norm, eps), rows, preferred_element_type=jnp.float32)
+    return project(rms_norm(h, norm, eps), rows)
 
 
 def mtp_window(params, embed: jax.Array, h0: jax.Array, next_tokens: jax.Array, cache: KVCache, cfg: MTPConfig,
