@@ -20,10 +20,13 @@ class FeatureBatches:
     feature folder (feat_dir None: the target runs in the step, train/joint.py) tokens and mask only.
 
     mask marks the loss positions: t whose next token t + 1 is part of the example, and with
-    answer_only those whose first draft (token t + 2) falls in the answer (EAGLE's assistant-only loss)."""
+    answer_only those whose first draft (token t + 2) falls in the answer (EAGLE's assistant-only loss).
+    pack: also "loss_index" int32[P], the flat positions b*T + t of mask first, -1 after; P rounds their
+    count up to a quarter of B*T (at most four shapes per bucket), so losses compute logits there only."""
 
-    def __init__(self, data_dir: str, feat_dir: str, tokens_per_batch: int = 4096, rows_multiple: int = 1,
-                 seed: int = 0, bucket_step: int = 128, answer_only: bool = False, names: list[str] | None = None):
+    def __init__(self, data_dir: str, feat_dir: str | None, tokens_per_batch: int = 4096, rows_multiple: int = 1,
+                 seed: int = 0, bucket_step: int = 128, answer_only: bool = False, names: list[str] | None = None,
+                 pack: bool = False):
         names = shard_names(data_dir) if names is None else names
         feats = load_features(feat_dir, names) if feat_dir else [None] * len(names)
         self.seqs, self.where, self.first_loss = [], [], []
@@ -37,7 +40,7 @@ class FeatureBatches:
                 start += len(s)
             if shard is not None and start != shard.shape[0]:
                 raise ValueError(f"cached features of {name} do not match its tokens: recompute them")
-        self.seed, self.rows_multiple = seed, rows_multiple
+        self.seed, self.rows_multiple, self.pack = seed, rows_multiple, pack
         self.buckets: dict[int, list[int]] = {}
         for i, s in enumerate(self.seqs):
             if len(s) >= 2:
@@ -81,4 +84,14 @@ class FeatureBatches:
             mask[r, self.first_loss[i]:len(s) - 1] = True
             if feats is not None:
                 feats[r, :len(s)] = shard[start:start + len(s)]
-        return {"tokens": tokens, "mask": mask} | ({} if feats is None else {"feats": feats})
+        out = {"tokens": tokens, "mask": mask} | ({} if feats is None else {"feats": feats})
+        return out | ({"loss_index": loss_index(mask)} if self.pack else {})
+
+
+def loss_index(mask: np.ndarray) -> np.ndarray:
+    """bool[B, T] -> int32[P]: the flat positions where mask holds, then -1; P = their count rounded up
+    to a quarter of B*T."""
+    where = np.flatnonzero(mask).astype(np.int32)
+    quarter = max(1, mask.size // 4)
+    size = max(quarter, -(-len(where) // quarter) * quarter)
+    return np.concatenate([where, np.full(size - len(where), -1, np.int32)])

@@ -152,6 +152,69 @@ def cmd_scaling(args) -> int:
     return _train(args, "EAGLE data-scaling curve", curve)
 
 
+def cmd_heads(args) -> int:
+    import jaxspec
+
+    from .acceptance import heldout_prompts
+    from .joint import JointConfig, joint_steps, train_heads
+
+    model = jaxspec.load(args.target)
+    shards = _shards(args)
+    setups, outs, lrs = _head_setups(args, model, shards)
+    steps = joint_steps(args.data, args.batch_tokens, args.epochs, shards) if args.epochs else args.steps
+    warmup = min(100, steps // 10) if args.warmup is None else args.warmup
+    cfg = JointConfig(name=args.name, steps=steps, lrs=lrs, warmup=warmup, tokens_per_batch=args.batch_tokens,
+                      answer_only=not args.all_positions, save_every=args.save_every, log_every=args.log_every,
+                      fallback_minutes=args.fallback_minutes, seed=args.seed)
+    fallback_dir = args.fallback or os.path.join(os.path.dirname(os.path.abspath(args.data)), "runs", args.name)
+    held = heldout_prompts(model, args.data, args.prompts_dir, args.eval_prompts) if args.eval_prompts else None
+    print(f"run {args.name}: {steps} steps of {'+'.join(outs)}; state in $JAXSPEC_CACHE/runs/{args.name}, "
+          f"fallback in {fallback_dir}", file=sys.stderr)
+    drafters = train_heads(model, args.data, setups, outs, cfg, fallback_dir, until=args.until, shards=shards,
+                           eval_prompts=held, eval_tokens=args.eval_tokens)
+    for kind, drafter in drafters.items():
+        print(f"{outs[kind]}: {kind}; held-out mean accepted length (K=5, greedy): "
+              f"{drafter.metadata.mean_accepted_length}")
+    return 0
+
+
+def _head_setups(args, model, shards):
+    """The heads `train heads` names (--eagle, --mtp, --draft) -> (setups, {kind: out folder}, {kind: lr})."""
+    from .draft import draft_setup
+    from .eagle import eagle_setup
+    from .mtp import mtp_setup
+
+    made = {"eagle": lambda: eagle_setup(model, args.data, args.eagle_vocab, args.ttt_steps, tied_head=True,
+                                         seed=args.seed, shards=shards),
+            "mtp": lambda: mtp_setup(model, args.data, args.modules, args.mtp_vocab, seed=args.seed, shards=shards),
+            "draft": lambda: draft_setup(model, args.data, args.width, args.layers, seed=args.seed)}
+    outs = {kind: getattr(args, kind) for kind in made if getattr(args, kind)}
+    if not outs:
+        raise ValueError("name at least one head to train: --eagle OUT, --mtp OUT, --draft OUT")
+    lrs = {kind: getattr(args, f"{kind}_lr") for kind in outs}
+    return [made[kind]() for kind in outs], outs, lrs
+
+
+def cmd_profile(args) -> int:
+    import json
+
+    import jaxspec
+
+    from .profile import ProfileConfig, markdown, profile_eagle_step
+
+    model = jaxspec.load(args.target)
+    runs = {}
+    for bf16 in ([False, True] if args.precision == "both" else [args.precision == "bf16"]):
+        cfg = ProfileConfig(tokens_per_batch=args.batch_tokens, seq_len=args.seq_len, draft_vocab_size=args.draft_vocab,
+                            ttt_steps=args.ttt_steps, bf16=bf16, answer_fraction=args.answer_fraction)
+        runs["bfloat16 operands" if bf16 else "float32"] = result = profile_eagle_step(model, cfg)
+        print(f"\n{'bfloat16 operands, float32 accumulation' if bf16 else 'float32'}: {cfg}\n{markdown(result)}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"provenance": _provenance(), "runs": runs}, f, indent=1)
+    return 0
+
+
 def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
@@ -189,6 +252,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _data_commands(tsub)
     _eagle_commands(tsub)
     _draft_commands(tsub)
+    _joint_commands(tsub)
 
 
 def _data_commands(tsub) -> None:
@@ -281,3 +345,51 @@ def _draft_commands(tsub) -> None:
     op.add_argument("--mix", default=DEFAULT_MIX)
     op.add_argument("--batch-size", type=int, default=64, help="rows per generate call of the draft")
     op.set_defaults(handler=cmd_onpolicy)
+
+
+def _joint_commands(tsub) -> None:
+    """train heads (one pass of the target for every head), train profile (one step timed by part)."""
+    h = tsub.add_parser("heads", help="train EAGLE, MTP and the draft model together: one pass of the target per "
+                                      "batch; state in $JAXSPEC_CACHE/runs/NAME, a fallback to commit")
+    h.add_argument("--target", default="smollm2-135m-instruct")
+    h.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
+    h.add_argument("--name", required=True, help="the run's name: rerun the same command to resume it")
+    h.add_argument("--eagle", default=None, help="train an EAGLE head (tied output rows) and write it here")
+    h.add_argument("--mtp", default=None, help="train MTP modules and write them here")
+    h.add_argument("--draft", default=None, help="train a draft model and write it here")
+    h.add_argument("--fallback", default=None, help="the fallback folder (default: DATA/../runs/NAME)")
+    h.add_argument("--fallback-minutes", type=float, default=60.0, help="write the fallback this often")
+    h.add_argument("--epochs", type=float, default=None, help="passes over the data (sets --steps)")
+    h.add_argument("--steps", type=int, default=1000)
+    h.add_argument("--warmup", type=int, default=None)
+    h.add_argument("--batch-tokens", type=int, default=4096)
+    h.add_argument("--all-positions", action="store_true", help="score prompt positions too (default: answers)")
+    h.add_argument("--eagle-lr", type=float, default=5e-4)
+    h.add_argument("--mtp-lr", type=float, default=6e-4)
+    h.add_argument("--draft-lr", type=float, default=1e-3)
+    h.add_argument("--eagle-vocab", type=int, default=8192)
+    h.add_argument("--ttt-steps", type=int, default=4)
+    h.add_argument("--mtp-vocab", type=int, default=8192)
+    h.add_argument("--modules", type=int, default=2)
+    h.add_argument("--width", type=int, default=192)
+    h.add_argument("--layers", type=int, default=4)
+    h.add_argument("--save-every", type=int, default=50)
+    h.add_argument("--log-every", type=int, default=10)
+    h.add_argument("--until", type=int, default=None, help="stop after this step; rerun to continue")
+    h.add_argument("--eval-prompts", type=int, default=8)
+    h.add_argument("--eval-tokens", type=int, default=64)
+    h.add_argument("--prompts-dir", default=DEFAULT_DIR)
+    h.add_argument("--seed", type=int, default=0)
+    _shards_arg(h)
+    h.set_defaults(handler=cmd_heads)
+    pr = tsub.add_parser("profile", help="one EAGLE training step timed by part, with XLA's FLOP counts")
+    pr.add_argument("--target", default="smollm2-135m-instruct")
+    pr.add_argument("--precision", choices=["f32", "bf16", "both"], default="both")
+    pr.add_argument("--batch-tokens", type=int, default=4096)
+    pr.add_argument("--seq-len", type=int, default=512)
+    pr.add_argument("--draft-vocab", type=int, default=32768)
+    pr.add_argument("--ttt-steps", type=int, default=4)
+    pr.add_argument("--answer-fraction", type=float, default=1.0,
+                    help="share of each row in the loss (< 1: logits at those positions only)")
+    pr.add_argument("--out", default=None, help="a JSON file for the result")
+    pr.set_defaults(handler=cmd_profile)

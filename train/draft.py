@@ -20,11 +20,12 @@ from jaxspec.config import ModelConfig
 from jaxspec.drafters import DraftModel
 from jaxspec.model import Model
 from jaxspec.models import init_params, lm_head
+from jaxspec.models.llama import forward_hidden
 from jaxspec.models.module import LlamaModule
 
 from .batches import FeatureBatches
 from .features import cache_features, feature_floats, shared_layers
-from .heads import data_settings, train_head
+from .heads import HeadSetup, data_settings, train_head
 from .losses import stepwise_soft_ce, total_variation
 
 LOSSES = ("kl", "tv")
@@ -58,16 +59,22 @@ def projected_embeddings(embed: jax.Array, width: int) -> jax.Array:
 def draft_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, loss: str = "kl"):
     """Soft cross-entropy ("kl": forward KL up to a constant) or total variation ("tv") to the target's
     full-vocabulary distribution at every kept position; the draft model is nnx.merge(graph, params).
-    frozen: {"target_out": the target's output params ({"embed"} or {"lm_head"})}. -> (loss, metrics)."""
+    frozen: {"target_out": the target's output params ({"embed"} or {"lm_head"})}. Logits are computed at
+    batch["loss_index"] only when the batch has it (train/batches.py). -> (loss, metrics)."""
     feats = feature_floats(batch["feats"])                                     # [B, T, N + 1, E]
-    target_logits = lm_head(frozen["target_out"], feats[:, :, -1])           # [B, T, V]
     tokens = batch["tokens"]
     B, T = tokens.shape
     lm = nnx.merge(graph, params)
-    logits, _, _ = lm(tokens, init_cache(lm.cfg, B, T, lm.params()["embed"].dtype))
+    p = lm.params()
+    x, _, _ = forward_hidden(p, tokens, init_cache(lm.cfg, B, T, p["embed"].dtype), lm.cfg)
+    index = batch.get("loss_index", jnp.arange(B * T, dtype=jnp.int32))
+    at = jnp.maximum(index, 0)
+    logits = lm_head(p, x.reshape(B * T, -1)[at])[None]                       # [1, P, V]
+    target_logits = lm_head(frozen["target_out"], feats[:, :, -1].reshape(B * T, -1)[at])[None]
+    valid = ((index >= 0) & batch["mask"].reshape(-1)[at])[None]
     if loss == "tv":
-        return total_variation(logits, target_logits, batch["mask"])
-    return stepwise_soft_ce(logits[None], target_logits, [0], [batch["mask"]], decay=1.0)
+        return total_variation(logits, target_logits, valid)
+    return stepwise_soft_ce(logits[None], target_logits, [0], [valid], decay=1.0)
 
 
 def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int = 192, num_layers: int = 4,
@@ -80,6 +87,23 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
     init: a saved draft model folder to start from (its shape replaces hidden_size and num_layers), e.g.
     for on-policy fine-tuning on answers it wrote itself; loss: "kl" or "tv" (draft_loss). shards: train on
     these data shards only (default all). -> the DraftModel."""
+    setup = draft_setup(model, data_dir, hidden_size, num_layers, feature_layers, seed, init, loss, **config_kw)
+    feat_dir = cache_features(model, data_dir, setup.feature_layers, progress=progress, names=shards)
+    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
+                             answer_only=answer_only, names=shards)
+    settings = {**setup.settings, "tokens_per_batch": tokens_per_batch, "examples": len(batches.seqs),
+                "answer_only": answer_only, **({"shards": list(shards)} if shards is not None else {})}
+    train_head(model, data_dir, out_dir, train_cfg, setup.loss_fn, setup.params, setup.frozen, batches, settings,
+               setup.drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, **setup.training_meta},
+               data_meta={}, resume=resume, progress=progress, on_step=on_step, until=until)
+    return DraftModel.load(out_dir)
+
+
+def draft_setup(model, data_dir: str, hidden_size: int = 192, num_layers: int = 4, feature_layers=None,
+                seed: int = 0, init: str | None = None, loss: str = "kl", **config_kw) -> HeadSetup:
+    """A draft model for `model` (embeddings: the target's projected, or a saved draft's when init) and its
+    distillation loss; feature_layers only names the shared feature cache (the loss reads its last slot)."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     start = DraftModel.load(init) if init else None
@@ -88,9 +112,6 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
         hidden_size, num_layers = start.model.config.hidden_size, start.model.config.num_layers
     cfg = (start.model.config if start is not None
            else draft_config(model.config, hidden_size, num_layers, **config_kw))
-    feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress, names=shards)
-    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only, names=shards)
     if start is not None:
         params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), start.model.params)
     else:
@@ -98,19 +119,12 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
         params["embed"] = projected_embeddings(model.params["embed"], hidden_size)
     out = ({"lm_head": model.params["lm_head"]} if "lm_head" in model.params else {"embed": model.params["embed"]})
     settings = {"kind": "draft", "target": model.source, "target_fingerprint": model.fingerprint,
-                "data": data_settings(data_dir), "config": dataclasses.asdict(cfg),
-                "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
-                "answer_only": answer_only, "loss": loss, **({"init": init} if init else {}),
-                **({"shards": list(shards)} if shards is not None else {})}
+                "data": data_settings(data_dir), "config": dataclasses.asdict(cfg), "seed": seed, "loss": loss,
+                **({"init": init} if init else {})}
     graph, params = nnx.split(LlamaModule(cfg, params))
-    loss_fn = lambda p, fz, b: draft_loss(graph, p, fz, b, loss)
     drafter_of = lambda p: DraftModel(Model(cfg, nnx.merge(graph, p).params(), model.tokenizer,
                                             f"draft for {model.source}"))
-    train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, {"target_out": out}, batches, settings,
-               drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
-               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, "loss": loss,
-                              **({"init": init, "init_metadata": start.metadata.to_dict()} if start is not None else {}),
-                              "parameters": cfg.num_params,
-                              "target_parameters": model.config.num_params},
-               data_meta={}, resume=resume, progress=progress, on_step=on_step, until=until)
-    return DraftModel.load(out_dir)
+    meta = {"loss": loss, **({"init": init, "init_metadata": start.metadata.to_dict()} if start is not None else {}),
+            "parameters": cfg.num_params, "target_parameters": model.config.num_params}
+    return HeadSetup("draft", lambda p, fz, b: draft_loss(graph, p, fz, b, loss), params, {"target_out": out},
+                     drafter_of, settings, shared_layers(model, feature_layers), training_meta=meta)

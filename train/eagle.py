@@ -15,10 +15,11 @@ from flax import nnx
 from jaxspec.drafters import Eagle
 from jaxspec.heads.eagle import DraftVocab, EagleConfig, EagleHead
 from jaxspec.models import lm_head_rows
+from jaxspec.precision import project
 
 from .batches import FeatureBatches
 from .features import cache_features, feature_floats
-from .heads import data_settings, train_head
+from .heads import HeadSetup, data_settings, train_head
 from .losses import stepwise_soft_ce
 from .vocab import draft_vocabulary
 
@@ -34,12 +35,17 @@ def ttt_logits(head: EagleHead, embed: jax.Array, feats: jax.Array, tokens: jax.
                rows: jax.Array) -> jax.Array:
     """feats [N, B, T, E] target features, tokens int32[B, T], rows [E, Vd] (head.output_rows) -> draft
     logits [J, B, T, Vd]."""
+    return head.logits(ttt_hidden(head, embed, feats, tokens, steps), rows)
+
+
+def ttt_hidden(head: EagleHead, embed: jax.Array, feats: jax.Array, tokens: jax.Array, steps: int) -> jax.Array:
+    """feats [N, B, T, E] target features, tokens int32[B, T] -> the head's output states [J, B, T, E]."""
     B, T = tokens.shape
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1)   # token_{t+1}
     feature = head.fuse(feats)
     t_idx = jnp.arange(T)
-    keys, values, all_logits = [], [], []
+    keys, values, states = [], [], []
     for j in range(1, steps + 1):
         q, k, v = head.qkv(embed, feature, nxt, pos)
         keys.append(k), values.append(v)
@@ -53,23 +59,31 @@ def ttt_logits(head: EagleHead, embed: jax.Array, feats: jax.Array, tokens: jax.
         out = jnp.einsum("bgrts,bsgd->btgrd", w[..., :T], values[0])
         for n, i in enumerate(range(2, j + 1)):
             out = out + w[..., T + n].transpose(0, 3, 1, 2)[..., None] * _shift(values[i - 1], j - i)[:, :, :, None]
-        h, logits = head.out(feature, out.reshape(B, T, H, D).astype(feature.dtype), rows)
-        all_logits.append(logits)
+        h = head.hidden(feature, out.reshape(B, T, H, D).astype(feature.dtype))
+        states.append(h)
         feature = _shift(h, 1)                                  # step j+1 at t reads h^j_{t-1}
-    return jnp.stack(all_logits)
+    return jnp.stack(states)
 
 
 def ttt_loss(head: EagleHead, embed, feats, tokens, target_logits, loss_mask, steps: int, rows: jax.Array,
-             decay: float = 0.8):
+             decay: float = 0.8, loss_index=None):
     """Soft cross-entropy summed over steps with weights decay^(j-1).
 
-    target_logits [B, T, Vd]: the target's logits at each position restricted to the draft vocabulary
-    (softmax over them = its distribution conditioned on the draft vocabulary); loss_mask bool[B, T]
-    marks positions t whose target t+1 counts. -> (loss, {"loss_j": [J], "top1_j": [J]})."""
-    logits = ttt_logits(head, embed, feats, tokens, steps, rows)           # [J, B, T, Vd]
-    t = jnp.arange(tokens.shape[1])[None, :]
-    valid = [loss_mask & (t >= j) for j in range(steps)]                  # step j+1 needs j earlier outputs
-    return stepwise_soft_ce(logits, target_logits, [1] * steps, valid, decay)   # position t: target at t+1
+    target_logits: the target's logits restricted to the draft vocabulary (softmax over them = its
+    distribution conditioned on the draft vocabulary), [B, T, Vd] or a function of flat positions
+    int32[P] -> [P, Vd] (then computed only where scored); loss_mask bool[B, T] marks positions t whose
+    target t+1 counts; loss_index int32[P]: the flat positions b*T + t to score (-1: padding; default
+    all), so logits are computed at loss positions only. -> (loss, {"loss_j": [J], "top1_j": [J]})."""
+    hs = ttt_hidden(head, embed, feats, tokens, steps)                      # [J, B, T, E]
+    J, B, T, E = hs.shape
+    index = jnp.arange(B * T, dtype=jnp.int32) if loss_index is None else loss_index
+    at = jnp.maximum(index, 0)
+    logits = head.logits(hs.reshape(J, B * T, E)[:, at], rows)             # [J, P, Vd]
+    after = jnp.minimum(at + 1, B * T - 1)                                  # position t: target at t+1
+    target = target_logits(after) if callable(target_logits) else target_logits.reshape(B * T, -1)[after]
+    scored = (index >= 0) & loss_mask.reshape(-1)[at]
+    valid = [(scored & (at % T >= j))[None] for j in range(steps)]         # step j+1 needs j earlier outputs
+    return stepwise_soft_ce(logits[:, None], target[None], [0] * steps, valid, decay)
 
 
 def eagle_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, steps: int):
@@ -80,11 +94,12 @@ def eagle_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, steps: int
     draft vocabulary, "vocab"}. batch["feats"]: the cached features (layout in train/features.py); the
     final normed state (slot N) times target_head gives the target's draft-vocabulary logits."""
     feats = feature_floats(batch["feats"])                                     # [B, T, N + 1, E]
-    target_logits = jnp.einsum("bte,ev->btv", feats[:, :, -1], frozen["target_head"],
-                               preferred_element_type=jnp.float32)
+    normed = feats[:, :, -1].reshape(-1, feats.shape[-1])                     # [B*T, E]
+    target_logits = lambda at: project(normed[at], frozen["target_head"])     # [P, Vd] at flat positions
     head = nnx.merge(graph, params, frozen["vocab"])
     return ttt_loss(head, frozen["embed"], feats[:, :, :-1].transpose(2, 0, 1, 3), batch["tokens"],
-                    target_logits, batch["mask"], steps, head.output_rows(frozen["target_head"]))
+                    target_logits, batch["mask"], steps, head.output_rows(frozen["target_head"]),
+                    loss_index=batch.get("loss_index"))
 
 
 def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,
@@ -97,28 +112,35 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     train_cfg.eval_every steps and at the end; the last result goes into the head's metadata. shards: train
     on these data shards only (default all; train/scaling.py). tied_head: the head drafts through the
     target's frozen output rows of the draft vocabulary instead of its own (heads/eagle.py)."""
+    setup = eagle_setup(model, data_dir, draft_vocab_size, ttt_steps, feature_layers, tied_head, seed, shards)
+    feat_dir = cache_features(model, data_dir, setup.feature_layers, progress=progress, names=shards)
+    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
+                             answer_only=answer_only, names=shards)
+    settings = {**setup.settings, "tokens_per_batch": tokens_per_batch, "examples": len(batches.seqs),
+                **({"answer_only": True} if answer_only else {}),
+                **({"shards": list(shards)} if shards is not None else {})}
+    train_head(model, data_dir, out_dir, train_cfg, setup.loss_fn, setup.params, setup.frozen, batches, settings,
+               setup.drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, **setup.training_meta},
+               data_meta=setup.data_meta, resume=resume, progress=progress, on_step=on_step, until=until)
+    return Eagle.load(out_dir)
+
+
+def eagle_setup(model, data_dir: str, draft_vocab_size: int = 8192, ttt_steps: int = 5, feature_layers=None,
+                tied_head: bool = False, seed: int = 0, shards: list[str] | None = None) -> HeadSetup:
+    """An EAGLE head initialised for `model` (draft vocabulary from the data, output norm the target's)
+    and its training loss; batches bring the target's features (cached, or computed in the step)."""
     vocab = model.config.vocab_size
     cfg = EagleConfig.for_target(model.config, min(draft_vocab_size, vocab), feature_layers, tied_head)
     d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size, names=shards)
-    feat_dir = cache_features(model, data_dir, cfg.feature_layers, progress=progress, names=shards)
-    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only, names=shards)
     target_head = lm_head_rows(model.params, d2t)
     head = EagleHead.init(cfg, rngs=nnx.Rngs(seed), d2t=d2t, lm_head=target_head)
     head.norm[...] = jnp.array(model.params["norm"], head.norm.dtype)           # the target's output norm
     graph, params, vocab = nnx.split(head, nnx.Param, DraftVocab)
-    frozen = {"embed": model.params["embed"], "target_head": target_head, "vocab": vocab}
     settings = {"kind": "eagle", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "ttt_steps": ttt_steps,
-                "feature_layers": list(cfg.feature_layers), **({"tied_head": True} if tied_head else {}),
-                "tokens_per_batch": tokens_per_batch, "seed": seed,
-                "examples": len(batches.seqs), **({"answer_only": True} if answer_only else {}),
-                **({"shards": list(shards)} if shards is not None else {})}
-    loss_fn = lambda p, fz, b: eagle_loss(graph, p, fz, b, ttt_steps)
-    train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, frozen, batches, settings,
-               lambda p: Eagle(nnx.merge(graph, p, vocab)), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
-               training_meta={"answer_only": answer_only, "ttt_steps": ttt_steps,
-                              "tokens_per_batch": tokens_per_batch},
-               data_meta={"draft_vocab_coverage": round(coverage, 4)},
-               resume=resume, progress=progress, on_step=on_step, until=until)
-    return Eagle.load(out_dir)
+                "feature_layers": list(cfg.feature_layers), **({"tied_head": True} if tied_head else {}), "seed": seed}
+    return HeadSetup("eagle", lambda p, fz, b: eagle_loss(graph, p, fz, b, ttt_steps), params,
+                     {"embed": model.params["embed"], "target_head": target_head, "vocab": vocab},
+                     lambda p: Eagle(nnx.merge(graph, p, vocab)), settings, cfg.feature_layers,
+                     training_meta={"ttt_steps": ttt_steps}, data_meta={"draft_vocab_coverage": round(coverage, 4)})

@@ -3,15 +3,33 @@ check, and the head written at the end with metadata (target, data, steps, measu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
-from collections.abc import Callable
 from jax.experimental import multihost_utils
 
 from . import loop
 from .acceptance import acceptance
 from .data import read_manifest, summary
 from .plots import plot_run
+
+
+@dataclasses.dataclass
+class HeadSetup:
+    """One head ready to train, whatever feeds its batches (train/heads.train_head, train/joint.py):
+    loss_fn(params, frozen, batch) -> (loss, {name: array}); params its trained state; frozen what the
+    loss reads but does not train (the target's rows, embeddings); drafter_of(params) -> the drafter;
+    settings the run guard's part that names this head; feature_layers the target features it reads."""
+    kind: str
+    loss_fn: Callable
+    params: Any
+    frozen: Any
+    drafter_of: Callable
+    settings: dict
+    feature_layers: tuple
+    training_meta: dict = dataclasses.field(default_factory=dict)
+    data_meta: dict = dataclasses.field(default_factory=dict)
 
 
 def data_settings(data_dir: str) -> list[dict]:
@@ -30,20 +48,30 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
     evaluate = (lambda p: acceptance(model, drafter_of(p), eval_prompts, eval_tokens)) if eval_prompts else None
     params, done = loop.fit(loss_fn, params, frozen, batches, train_cfg, out_dir, settings, resume=resume,
                             evaluate=evaluate, progress=progress, on_step=on_step, until=until)
-    records = loop.read_metrics(out_dir)
+    return save_trained(model, data_dir, out_dir, out_dir, train_cfg, params, done, settings, drafter_of,
+                        training_meta, {"tokens_trained_on": batches.num_tokens, **data_meta}, evaluate)
+
+
+def save_trained(model, data_dir: str, run_dir: str, out_dir: str, train_cfg: loop.TrainConfig, params, done: int,
+                 settings: dict, drafter_of: Callable, training_meta: dict, data_meta: dict,
+                 evaluate: Callable | None = None):
+    """Save drafter_of(params) after `done` steps to out_dir, its metadata from the run's log in run_dir
+    (final loss, training time, the last held-out acceptance: measured now by evaluate if the log has
+    none for this step), with training.png. -> the drafter."""
+    records = loop.read_metrics(run_dir)
     evals = [{"step": r["step"], **r["eval"]} for r in records if "eval" in r]
     steps = [r for r in records if "eval" not in r]
     last_eval, record = (evals[-1] if evals else None), (steps[-1] if steps else {})
     if evaluate and (last_eval is None or last_eval["step"] != done):     # e.g. a resume with nothing left to run
         result = evaluate(params)
-        loop.append_metrics(out_dir, {"step": done, "eval": result})
+        loop.append_metrics(run_dir, {"step": done, "eval": result})
         last_eval = {"step": done, **result}
     train_seconds = (round(sum(r["seconds"] for r in steps), 1)           # None if a record lacks its time
                      if steps and all("seconds" in r for r in steps) else None)
     drafter = drafter_of(params)
     drafter.metadata = dataclasses.replace(
         drafter.metadata, target=model.source, target_fingerprint=model.fingerprint,
-        data={**summary(data_dir, settings.get("shards")), "tokens_trained_on": batches.num_tokens,
+        data={**summary(data_dir, settings.get("shards")),
               **({"shards": settings["shards"]} if "shards" in settings else {}),
               "mix": [s["mix"] for s in data_settings(data_dir)], **data_meta},
         training={"steps": done, "schedule_steps": train_cfg.steps, "lr": train_cfg.lr,
@@ -52,7 +80,7 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
         heldout_acceptance=last_eval)
     if jax.process_index() == 0:                # several processes (jax.distributed): one writer
         drafter.save(out_dir)                  # bfloat16 on disk
-        plot_run(out_dir)
+        plot_run(run_dir, out_dir)
     if jax.process_count() > 1:                 # the others read the head only once it is written
         multihost_utils.sync_global_devices(f"head saved to {out_dir}")
     return drafter

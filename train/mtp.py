@@ -16,11 +16,12 @@ from jaxspec.drafters import MTP
 from jaxspec.heads.eagle import DraftVocab
 from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, MTPHead, mtp_logits, mtp_window
 from jaxspec.models import layer_params, lm_head_rows
+from jaxspec.precision import project
 
 from .batches import FeatureBatches
 from .features import cache_features, feature_floats, shared_layers
-from .heads import data_settings, train_head
-from .losses import shift_left, stepwise_soft_ce
+from .heads import HeadSetup, data_settings, train_head
+from .losses import stepwise_soft_ce
 from .vocab import draft_vocabulary
 
 
@@ -29,10 +30,11 @@ def mtp_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, decay: float
     nnx.merge(graph, params: its nnx.Param state, frozen["vocab"]: its DraftVocab state).
 
     frozen: {"embed": [V, E], "norm": [E] the target's final norm, "rows": [E, Vd] its output rows of
-    the draft vocabulary, "vocab"}. Loss: sum_j decay^(j-1) * soft CE of module j. -> (loss, {"loss_j", "top1_j"})."""
+    the draft vocabulary, "vocab"}. Loss: sum_j decay^(j-1) * soft CE of module j: module j at p = q - j
+    against the target at q, for the loss positions q (batch["loss_index"] when the batch has it: logits
+    there only). -> (loss, {"loss_j", "top1_j"})."""
     feats = feature_floats(batch["feats"])                                     # [B, T, N + 1, E]
     normed = feats[:, :, -1]
-    target_logits = jnp.einsum("bte,ev->btv", normed, frozen["rows"], preferred_element_type=jnp.float32)
     g = frozen["norm"]
     h0 = jnp.where(g != 0, normed / jnp.where(g != 0, g, 1.0), 0.0)          # direction of the last hidden state
     head = nnx.merge(graph, params, frozen["vocab"])
@@ -43,10 +45,15 @@ def mtp_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, decay: float
     nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, D), tokens.dtype)], axis=1)   # token_{p+1}, [B, T+D-1]
     cache = init_cache(cfg.cache_config(), B, T, h0.dtype)
     hs, _ = mtp_window(head.arrays(), frozen["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
-    logits = mtp_logits(frozen["norm"], frozen["rows"], hs, cfg.rms_norm_eps)        # [D, B, T, Vd]
-    t = jnp.arange(T)[None, :]
-    valid = [shift_left(mask, j) & (t + j < T) for j in range(1, D + 1)]   # the target at p + j predicts a kept token
-    return stepwise_soft_ce(logits, target_logits, list(range(1, D + 1)), valid, decay)
+    index = batch.get("loss_index", jnp.arange(B * T, dtype=jnp.int32))
+    q = jnp.maximum(index, 0)
+    target = project(normed.reshape(B * T, -1)[q], frozen["rows"])                 # [P, Vd]
+    flat = hs.reshape(D, B * T, -1)
+    logits = jnp.stack([mtp_logits(frozen["norm"], frozen["rows"], flat[j - 1, jnp.maximum(q - j, 0)], cfg.rms_norm_eps)
+                        for j in range(1, D + 1)])                                  # [D, P, Vd]
+    kept = (index >= 0) & mask.reshape(-1)[q]
+    valid = [(kept & (q % T >= j))[None] for j in range(1, D + 1)]               # module j reads position q - j
+    return stepwise_soft_ce(logits[:, None], target[None], [0] * D, valid, decay)
 
 
 def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 2, draft_vocab_size: int = 4096,
@@ -59,12 +66,26 @@ def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 
     feature_layers only names the feature cache to reuse (EAGLE's default); MTP reads its last slot.
     init_from_target: every module's block starts as a copy of the target's last layer. shards: train on these
     data shards only (default all). -> the MTP drafter."""
+    setup = mtp_setup(model, data_dir, num_modules, draft_vocab_size, feature_layers, seed, init_from_target, shards)
+    feat_dir = cache_features(model, data_dir, setup.feature_layers, progress=progress, names=shards)
+    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
+                             answer_only=answer_only, names=shards)
+    settings = {**setup.settings, "tokens_per_batch": tokens_per_batch, "examples": len(batches.seqs),
+                "answer_only": answer_only, **({"shards": list(shards)} if shards is not None else {})}
+    train_head(model, data_dir, out_dir, train_cfg, setup.loss_fn, setup.params, setup.frozen, batches, settings,
+               setup.drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, **setup.training_meta},
+               data_meta=setup.data_meta, resume=resume, progress=progress, on_step=on_step, until=until)
+    return MTP.load(out_dir)
+
+
+def mtp_setup(model, data_dir: str, num_modules: int = 2, draft_vocab_size: int = 4096, feature_layers=None,
+              seed: int = 0, init_from_target: bool = True, shards: list[str] | None = None) -> HeadSetup:
+    """D = num_modules MTP modules for `model` (blocks copied from its last layer when init_from_target)
+    and their training loss; feature_layers only names the shared feature cache (MTP reads its last slot)."""
     vocab = model.config.vocab_size
     cfg = MTPConfig.for_target(model.config, num_modules, min(draft_vocab_size, vocab))
     d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size, names=shards)
-    feat_dir = cache_features(model, data_dir, shared_layers(model, feature_layers), progress=progress, names=shards)
-    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only, names=shards)
     block = ({k: layer_params(model.params, -1)[k] for k in BLOCK_KEYS} if init_from_target else None)
     head = MTPHead.init(cfg, rngs=nnx.Rngs(seed), d2t=d2t, block=block)
     graph, params, vocab = nnx.split(head, nnx.Param, DraftVocab)
@@ -72,14 +93,8 @@ def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 
               "vocab": vocab}
     settings = {"kind": "mtp", "target": model.source, "target_fingerprint": model.fingerprint,
                 "data": data_settings(data_dir), "draft_vocab_size": cfg.draft_vocab_size, "num_modules": num_modules,
-                "tokens_per_batch": tokens_per_batch, "seed": seed, "examples": len(batches.seqs),
-                "answer_only": answer_only, "init_from_target": init_from_target,
-                **({"shards": list(shards)} if shards is not None else {})}
-    loss_fn = lambda p, fz, b: mtp_loss(graph, p, fz, b)
-    train_head(model, data_dir, out_dir, train_cfg, loss_fn, params, frozen, batches, settings,
-               lambda p: MTP(nnx.merge(graph, p, vocab)), eval_prompts=eval_prompts, eval_tokens=eval_tokens,
-               training_meta={"answer_only": answer_only, "num_modules": num_modules,
-                              "tokens_per_batch": tokens_per_batch, "init_from_target": init_from_target},
-               data_meta={"draft_vocab_coverage": round(coverage, 4)},
-               resume=resume, progress=progress, on_step=on_step, until=until)
-    return MTP.load(out_dir)
+                "seed": seed, "init_from_target": init_from_target}
+    return HeadSetup("mtp", lambda p, fz, b: mtp_loss(graph, p, fz, b), params, frozen,
+                     lambda p: MTP(nnx.merge(graph, p, vocab)), settings, shared_layers(model, feature_layers),
+                     training_meta={"num_modules": num_modules, "init_from_target": init_from_target},
+                     data_meta={"draft_vocab_coverage": round(coverage, 4)})

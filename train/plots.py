@@ -22,12 +22,14 @@ def save(fig, path: str) -> str:
     return path
 
 
-def plot_run(out_dir: str) -> str | None:
-    """Write out_dir/training.png; -> its path (None when matplotlib is not installed)."""
+def plot_run(run_dir: str, out_dir: str | None = None) -> str | None:
+    """Write training.png of the run logged in run_dir to out_dir (default run_dir); -> its path (None when
+    matplotlib is not installed)."""
+    out_dir = out_dir or run_dir
     plt = pyplot(f"{PLOT} of {out_dir}")
     if plt is None:
         return None
-    records = read_metrics(out_dir)
+    records = read_metrics(run_dir)
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval" in r]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))

@@ -149,9 +149,13 @@ class EagleHead(nnx.Module):
     def qkv(self, embed, feature, tokens, pos):
         return eagle_qkv(self.arrays(), embed, feature, tokens, pos, self.cfg)
 
-    def out(self, feature, attn, rows):
-        """rows [E, Vd]: output_rows(...)."""
-        return eagle_out(self._with(rows), feature, attn, self.cfg)
+    def hidden(self, feature, attn):
+        """The head's output state h [B, T, E] (eagle_hidden)."""
+        return eagle_hidden(self.arrays(), feature, attn, self.cfg)
+
+    def logits(self, h, rows):
+        """h [..., E] -> draft logits float32[..., Vd] through rows [E, Vd] (output_rows(...))."""
+        return project(rms_norm(h, self.norm[...], self.cfg.rms_norm_eps), rows)
 
     def step(self, embed, feature, tokens, cache: KVCache, rows, tree=None):
         return eagle_step(self._with(rows), embed, feature, tokens, cache, self.cfg, tree)
@@ -178,13 +182,18 @@ def eagle_qkv(params, embed: jax.Array, feature: jax.Array, tokens: jax.Array, p
     return q, k, einsum("btc,cgd->btgd", x, params["wv"])
 
 
-def eagle_out(params, feature: jax.Array, attn: jax.Array, cfg: EagleConfig):
-    """Residual from the feature, attention output attn [B, T, H, D], MLP -> (h [B, T, E], logits [B, T, Vd])."""
+def eagle_hidden(params, feature: jax.Array, attn: jax.Array, cfg: EagleConfig) -> jax.Array:
+    """Residual from the feature [B, T, E], attention output attn [B, T, H, D], MLP -> h [B, T, E]."""
     B, T, H, D = attn.shape            # (h, d) contracted as one axis: XLA CPU runs the 2-axis einsum slower
     h = feature + einsum("btk,ke->bte", attn.reshape(B, T, H * D), params["wo"].reshape(H * D, -1))
     m = rms_norm(h, params["mlp_norm"], cfg.rms_norm_eps)
     gate, up = einsum("bte,ef->btf", m, params["w_gate"]), einsum("bte,ef->btf", m, params["w_up"])
-    h = h + einsum("btf,fe->bte", jax.nn.silu(gate) * up, params["w_down"])
+    return h + einsum("btf,fe->bte", jax.nn.silu(gate) * up, params["w_down"])
+
+
+def eagle_out(params, feature: jax.Array, attn: jax.Array, cfg: EagleConfig):
+    """eagle_hidden and its draft logits through params["lm_head"] -> (h [B, T, E], logits float32[B, T, Vd])."""
+    h = eagle_hidden(params, feature, attn, cfg)
     return h, project(rms_norm(h, params["norm"], cfg.rms_norm_eps), params["lm_head"])
 
 

@@ -1,0 +1,88 @@
+"""train/joint.py: one pass of the target feeds EAGLE, MTP and the draft model; a run resumes exactly
+from its own state, and from its committed fallback when that state is gone (train/fallback.py)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from jaxspec.drafters import MTP, DraftModel, Eagle
+from jaxspec.train import fallback, loop
+from jaxspec.train.draft import draft_setup
+from jaxspec.train.eagle import eagle_setup
+from jaxspec.train.joint import JointConfig, run_dir, train_heads
+from jaxspec.train.mtp import mtp_setup
+
+from .test_train_loop import DRAFT_SHAPE, LAYERS, tiny_data  # noqa: F401  (the fixture)
+
+KINDS = ("eagle", "mtp", "draft")
+
+
+def _setups(model, data_dir):
+    return [eagle_setup(model, data_dir, 64, 3, LAYERS, tied_head=True),
+            mtp_setup(model, data_dir, 2, 64, LAYERS),
+            draft_setup(model, data_dir, feature_layers=LAYERS, **DRAFT_SHAPE)]
+
+
+def _run(model, data_dir, tmp_path, name: str, until=None, bf16: bool = False):
+    cfg = JointConfig(name=name, steps=6, lrs={"eagle": 3e-3, "mtp": 3e-3, "draft": 3e-3}, warmup=2,
+                      tokens_per_batch=512, save_every=2, log_every=1, rewarm=3, bf16=bf16)
+    outs = {kind: str(tmp_path / name / kind) for kind in KINDS}
+    return train_heads(model, data_dir, _setups(model, data_dir), outs, cfg, str(tmp_path / name / "fallback"),
+                       until=until, progress=False)
+
+
+def _records(name: str, kind: str) -> list[dict]:
+    return [r for r in loop.read_metrics(os.path.join(run_dir(name), kind)) if "loss" in r]
+
+
+def test_joint_run_trains_every_head_and_resumes_exactly(tiny_data, tmp_path):  # noqa: F811
+    """Every head learns from the shared pass (bfloat16 operands); a run stopped after step 3 and run again
+    computes what the uninterrupted run did (its own Orbax state: same losses to 1e-5)."""
+    model, data_dir, _ = tiny_data
+    drafters = _run(model, data_dir, tmp_path, "whole", bf16=True)
+    assert isinstance(drafters["eagle"], Eagle) and isinstance(drafters["mtp"], MTP)
+    assert isinstance(drafters["draft"], DraftModel)
+    for kind in KINDS:
+        losses = [r["loss"] for r in _records("whole", kind)]
+        assert len(losses) == 6 and losses[-1] < losses[0], (kind, losses)
+        assert drafters[kind].metadata.training["joint"] and drafters[kind].metadata.training["steps"] == 6
+    _run(model, data_dir, tmp_path, "stopped", until=3, bf16=True)
+    assert [r["step"] for r in _records("stopped", "eagle")] == [1, 2, 3]
+    _run(model, data_dir, tmp_path, "stopped", bf16=True)
+    for kind in KINDS:
+        np.testing.assert_allclose([r["loss"] for r in _records("stopped", kind)],
+                                   [r["loss"] for r in _records("whole", kind)], rtol=0, atol=1e-5, err_msg=kind)
+
+
+def test_a_run_whose_cache_is_gone_resumes_from_the_fallback(tiny_data, tmp_path):  # noqa: F811
+    """Killed after step 3 (its fallback written), its $JAXSPEC_CACHE folder deleted: the run continues
+    from the fallback's step with the same learning rates and batches; its step-4 loss is the
+    uninterrupted run's up to the bfloat16 rounding of the parameters."""
+    model, data_dir, _ = tiny_data
+    _run(model, data_dir, tmp_path, "ref")
+    _run(model, data_dir, tmp_path, "lost", until=3)
+    folder = tmp_path / "lost" / "fallback"
+    index = json.loads((folder / "run.json").read_text())
+    assert index["step"] == 3 and sorted(index["settings"]) == sorted(KINDS)
+    assert all((folder / f"{kind}.safetensors").stat().st_size > 0 for kind in KINDS)
+    shutil.rmtree(run_dir("lost"))
+    _run(model, data_dir, tmp_path, "lost")
+    for kind in KINDS:
+        ref, got = _records("ref", kind), _records("lost", kind)
+        assert [r["step"] for r in got] == [4, 5, 6], kind
+        assert [r["lr"] for r in got] == [r["lr"] for r in ref[3:]], kind          # the schedule continues
+        np.testing.assert_allclose(got[0]["loss"], ref[3]["loss"], rtol=2e-2, err_msg=kind)
+
+
+def test_a_fallback_of_other_settings_is_refused(tmp_path):
+    fallback.write(str(tmp_path), 3, {"eagle": {"w": np.ones((2, 2), np.float32)}}, {"eagle": {"lr": 1}}, "t")
+    with pytest.raises(ValueError, match="settings differ in \\['lr'\\]"):
+        fallback.read(str(tmp_path), {"eagle": {"lr": 2}})
+    with pytest.raises(ValueError, match="holds heads"):
+        fallback.read(str(tmp_path), {"mtp": {"lr": 1}})
+    saved = fallback.read(str(tmp_path), {"eagle": {"lr": 1}})
+    assert saved["step"] == 3 and saved["params"]["eagle"]["w"].dtype == np.float32

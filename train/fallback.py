@@ -1,0 +1,86 @@
+"""A joint run's compact fallback (train/joint.py): what a run on a new machine resumes from when its
+own state in $JAXSPEC_CACHE is gone. Meant to be committed (under checkpoints/<model>/runs/<name>/),
+each one replacing the last:
+
+  <kind>.safetensors   each head's trained parameters in bfloat16, flat names "a/b/0/c"
+  run.json             {"step", "target", "written", "settings": {kind: the head's run settings}}
+
+The data cursor and the random state are functions of the run's seed and step (train/batches.py), so
+they are the step; optimizer moments are left out (they would triple the size) and re-warmed on resume.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+import jax
+import numpy as np
+from flax import nnx, traverse_util
+from safetensors.numpy import load_file, save_file
+
+INDEX = "run.json"
+
+
+def _pure(tree):
+    return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+
+
+def _flat(tree) -> dict:
+    """A parameter tree (an nnx.State or nested dicts) -> {"a/b/0": array}."""
+    return {"/".join(map(str, k)): np.asarray(v) for k, v in traverse_util.flatten_dict(_pure(tree)).items()}
+
+
+def write(folder: str, step: int, params: dict, settings: dict, target: str) -> None:
+    """params {kind: tree}: each head's parameters, stored in bfloat16; files replaced atomically, run.json last."""
+    import ml_dtypes
+
+    os.makedirs(folder, exist_ok=True)
+    for kind, tree in params.items():
+        flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in _flat(tree).items()}
+        tmp = os.path.join(folder, f".{kind}.safetensors.tmp")
+        save_file(flat, tmp)
+        os.replace(tmp, os.path.join(folder, f"{kind}.safetensors"))
+    index = {"step": int(step), "target": target, "settings": settings,
+             "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    tmp = os.path.join(folder, f".{INDEX}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(index, f, indent=1)
+    os.replace(tmp, os.path.join(folder, INDEX))
+
+
+def read(folder: str, settings: dict) -> dict | None:
+    """-> {"step", "params": {kind: {flat name: float32 array}}} of the fallback in folder, None when there is
+    none; ValueError when it was written by a run with other settings (another head, data or schedule)."""
+    path = os.path.join(folder, INDEX)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        index = json.load(f)
+    if sorted(index["settings"]) != sorted(settings):
+        raise ValueError(f"the fallback in {folder} holds heads {sorted(index['settings'])}, this run "
+                         f"{sorted(settings)}")
+    for kind, mine in settings.items():
+        theirs = index["settings"][kind]
+        changed = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+        if changed:
+            raise ValueError(f"cannot resume {kind} from the fallback in {folder}: settings differ in {changed}")
+    params = {kind: {k: np.asarray(v, np.float32)
+                     for k, v in load_file(os.path.join(folder, f"{kind}.safetensors")).items()} for kind in settings}
+    return {"step": int(index["step"]), "params": params}
+
+
+def unflatten_like(template, flat: dict):
+    """Fallback arrays {"a/b/0": array} in the structure of template (an nnx.State or nested dicts), each
+    cast to the template's dtype."""
+    keys = traverse_util.flatten_dict(_pure(template))
+    missing = sorted("/".join(map(str, k)) for k in keys if "/".join(map(str, k)) not in flat)
+    if missing:
+        raise ValueError(f"the fallback lacks parameters {missing[:5]}")
+    tree = traverse_util.unflatten_dict({k: np.asarray(flat["/".join(map(str, k))], np.asarray(v).dtype)
+                                         for k, v in keys.items()})
+    if not isinstance(template, nnx.State):
+        return tree
+    state = jax.tree.map(lambda x: x, template)
+    nnx.replace_by_pure_dict(state, tree)
+    return state

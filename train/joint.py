@@ -1,0 +1,225 @@
+"""One pass of the target feeds every head (`jaxspec train heads`).
+
+For each batch the target's features are computed once, in the step (bfloat16 matmul operands,
+jaxspec/precision.py; no feature cache), and each head - EAGLE, MTP, draft model (train/heads.HeadSetup)
+- takes a step of its own AdamW on them. The batch at step k is a pure function of (seed, k), so a
+run is its step count, its parameters and its optimizer state.
+
+A run named NAME keeps its state outside the work tree, in $JAXSPEC_CACHE/runs/NAME/<kind>/ (Orbax
+checkpoints, settings guard and metrics log per head: train/loop.Run), and writes a compact fallback to
+a folder meant to be committed (train/fallback.py): bfloat16 parameters and the step. A run that finds no
+state of its own resumes from the fallback with fresh optimizer moments, the schedule at the fallback's
+step and the update scaled up over `rewarm` steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
+
+from jaxspec import paths
+from jaxspec.precision import bf16_operands
+from jaxspec.sharding import shard_params
+
+from . import fallback, loop
+from .batches import FeatureBatches
+from .features import target_features
+from .heads import HeadSetup, save_trained
+
+NOT_RESUMED = -(2 ** 30)         # state["resumed_at"] of a run that never restarted from a fallback
+
+
+@dataclasses.dataclass(frozen=True)
+class JointConfig:
+    """A joint run: one schedule shape (steps, warm-up) for every head, a peak learning rate per head."""
+    name: str
+    steps: int
+    lrs: dict                           # head kind -> peak learning rate
+    warmup: int = 50
+    tokens_per_batch: int = 4096
+    answer_only: bool = True
+    save_every: int = 50
+    log_every: int = 10
+    fallback_minutes: float = 60.0
+    rewarm: int = 20
+    seed: int = 0
+    bf16: bool = True
+
+    def train_config(self, kind: str) -> loop.TrainConfig:
+        return loop.TrainConfig(steps=self.steps, lr=self.lrs[kind], warmup=self.warmup, save_every=self.save_every,
+                                eval_every=0, log_every=self.log_every)
+
+
+def joint_steps(data_dir: str, tokens_per_batch: int, epochs: float, shards: list[str] | None = None) -> int:
+    """Steps for `epochs` passes over the data (or those shards) in batches of tokens_per_batch."""
+    batches = FeatureBatches(data_dir, None, tokens_per_batch, rows_multiple=jax.device_count(), names=shards)
+    return max(1, round(epochs * batches.batches_per_epoch))
+
+
+def run_dir(name: str) -> str:
+    """$JAXSPEC_CACHE/runs/NAME: a joint run's state."""
+    return os.path.join(paths.cache_dir(), "runs", name)
+
+
+def _step_fn(loss_fn, opt, rewarm: int):
+    """loop's train step, its update scaled by min(1, (step - resumed_at + 1) / rewarm) after a fallback."""
+    def step(state, frozen, batch):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], frozen, batch)
+        updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
+        since = (state["step"] - state["resumed_at"] + 1).astype(jnp.float32)
+        scale = jnp.minimum(1.0, since / max(rewarm, 1))
+        params = optax.apply_updates(state["params"], jax.tree.map(lambda u: u * scale, updates))
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+        new = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "resumed_at": state["resumed_at"]}
+        return new, metrics
+    return step
+
+
+class HeadRun:
+    """One head of a joint run: its loop.Run (checkpoints, log), its state on the mesh, its compiled step."""
+
+    def __init__(self, setup: HeadSetup, cfg: JointConfig, settings: dict, mesh):
+        self.setup, self.train_cfg = setup, cfg.train_config(setup.kind)
+        self.dir = os.path.join(run_dir(cfg.name), setup.kind)
+        self.settings = settings
+        self.run = loop.Run(self.dir, {**settings, "train": dataclasses.asdict(self.train_cfg)}, resume=True)
+        self.opt = loop.make_optimizer(self.train_cfg)
+        replicated = NamedSharding(mesh, P())
+        params = jax.tree.map(jnp.copy, setup.params)
+        self.state = {"params": shard_params(params, mesh), "opt_state": shard_params(self.opt.init(params), mesh),
+                      "step": jax.device_put(jnp.int32(0), replicated),
+                      "resumed_at": jax.device_put(jnp.int32(NOT_RESUMED), replicated)}
+        self.frozen = shard_params(setup.frozen, mesh)
+        placement = jax.tree.map(lambda x: x.sharding, self.state)
+        self.step_fn = jax.jit(_step_fn(setup.loss_fn, self.opt, cfg.rewarm), donate_argnums=0,
+                               out_shardings=(placement, replicated))
+        self.metrics, self.tokens = None, 0
+
+    def has_checkpoint(self) -> bool:
+        return self.run.manager.latest_step() is not None
+
+    def restore(self) -> int:
+        self.state = self.run.restore(self.state)
+        return int(self.state["step"])
+
+    def from_fallback(self, params, step: int) -> None:
+        """Fallback parameters, fresh moments, the schedule at `step`, the update re-warmed from there."""
+        params = fallback.unflatten_like(jax.device_get(self.state["params"]), params)
+        at_step = lambda s: (s._replace(count=jnp.asarray(step, s.count.dtype))
+                             if isinstance(s, optax.ScaleByScheduleState) else s)
+        opt_state = jax.tree.map(at_step, self.opt.init(params),
+                                 is_leaf=lambda s: isinstance(s, optax.ScaleByScheduleState))
+        shard = lambda new, old: jax.device_put(new, old.sharding)
+        self.state = jax.tree.map(shard, {"params": params, "opt_state": opt_state, "step": jnp.int32(step),
+                                          "resumed_at": jnp.int32(step)}, self.state)
+        self.run._trim_metrics(step)
+
+    def step(self, batch) -> None:
+        self.state, self.metrics = self.step_fn(self.state, self.frozen, batch)
+
+
+def _start(heads: dict, fallback_dir: str | None) -> int:
+    """Restore every head from its own checkpoints, else from the fallback, else start at 0; -> the step."""
+    if all(h.has_checkpoint() for h in heads.values()):
+        steps = {kind: h.restore() for kind, h in heads.items()}
+        if len(set(steps.values())) > 1:
+            raise ValueError(f"the heads of this run were saved at different steps {steps}: delete the "
+                             f"newest checkpoints of the ahead ones to resume")
+        return next(iter(steps.values()))
+    saved = fallback.read(fallback_dir, {k: h.settings for k, h in heads.items()}) if fallback_dir else None
+    if saved is None:
+        return 0
+    for kind, h in heads.items():
+        h.from_fallback(saved["params"][kind], saved["step"])
+    return saved["step"]
+
+
+def _log(heads: dict, step: int, elapsed: float, schedule_at: int) -> dict:
+    """Each head's metrics of this step to its log; -> {kind: loss}."""
+    losses = {}
+    for kind, h in heads.items():
+        metrics = jax.device_get(h.metrics)
+        record = {"step": step, "lr": float(loop.learning_rate(h.train_cfg)(schedule_at)),
+                  "seconds": round(elapsed, 2), "tokens_per_s": round(h.tokens / elapsed, 1),
+                  **{name: loop._plain(v) for name, v in metrics.items()}}
+        h.run.log(record)
+        h.tokens, losses[kind] = 0, record["loss"]
+    return losses
+
+
+def train_heads(model, data_dir: str, setups: list[HeadSetup], outs: dict, cfg: JointConfig,
+                fallback_dir: str | None = None, until: int | None = None, shards: list[str] | None = None,
+                progress: bool = True, eval_prompts=None, eval_tokens: int = 64) -> dict:
+    """Train every head in `setups` on one pass of the target per batch; write each to outs[kind] when the
+    run stops (at cfg.steps, or after step `until`, saved to resume later). -> {kind: drafter}."""
+    layers = {tuple(s.feature_layers) for s in setups}
+    if len(layers) != 1:
+        raise ValueError(f"the heads read different target layers {sorted(layers)}: train them apart")
+    batches = FeatureBatches(data_dir, None, cfg.tokens_per_batch, rows_multiple=jax.device_count(), seed=cfg.seed,
+                             answer_only=cfg.answer_only, names=shards, pack=True)
+    mesh = loop.training_mesh()
+    common = {"tokens_per_batch": cfg.tokens_per_batch, "answer_only": cfg.answer_only, "examples": len(batches.seqs),
+              **({"shards": list(shards)} if shards is not None else {})}
+    heads = {s.kind: HeadRun(s, cfg, {**s.settings, **common}, mesh) for s in setups}
+    start = _start(heads, fallback_dir)
+    stop = cfg.steps if until is None else max(start, min(int(until), cfg.steps))
+    features = jax.jit(functools.partial(target_features, cfg=model.config, layers=next(iter(layers))))
+    split = NamedSharding(mesh, P("data"))
+    bar = tqdm(total=stop, initial=start, unit="step", desc="training " + "+".join(heads), disable=not progress)
+    t0 = last_fallback = time.perf_counter()
+    try:
+        with bf16_operands(cfg.bf16):
+            for k in range(start, stop):
+                host = batches.batch(k)
+                batch = jax.device_put(host, split)
+                batch["feats"] = features(model.params, batch["tokens"])
+                for h in heads.values():
+                    h.step(batch)
+                    h.tokens += int(host["mask"].sum())
+                done = k + 1
+                if done % cfg.log_every == 0 or done == stop:
+                    losses = _log(heads, done, time.perf_counter() - t0, k)
+                    bar.set_postfix({kind: f"{v:.3f}" for kind, v in losses.items()})
+                    t0 = time.perf_counter()
+                if done % cfg.save_every == 0 or done == stop:
+                    for h in heads.values():
+                        h.run.save(h.state)
+                if fallback_dir and (done == stop or time.perf_counter() - last_fallback > 60 * cfg.fallback_minutes):
+                    _write_fallback(heads, fallback_dir, done, model)
+                    last_fallback = time.perf_counter()
+                bar.update(1)
+    finally:
+        bar.close()
+        for h in heads.values():
+            h.run.close()
+    return {kind: _finish(model, data_dir, h, outs.get(kind), batches, eval_prompts, eval_tokens)
+            for kind, h in heads.items()}
+
+
+def _write_fallback(heads: dict, fallback_dir: str, step: int, model) -> None:
+    params = {kind: jax.device_get(h.state["params"]) for kind, h in heads.items()}
+    fallback.write(fallback_dir, step, params, {kind: h.settings for kind, h in heads.items()},
+                   target=model.source)
+
+
+def _finish(model, data_dir: str, h: HeadRun, out_dir: str | None, batches, eval_prompts, eval_tokens: int):
+    """Write the head to out_dir (with its metadata and the held-out acceptance when prompts are given)."""
+    if out_dir is None:
+        return None
+    from .acceptance import acceptance
+
+    drafter_of = h.setup.drafter_of
+    evaluate = (lambda p: acceptance(model, drafter_of(p), eval_prompts, eval_tokens)) if eval_prompts else None
+    params = jax.device_get(h.state["params"])
+    return save_trained(model, data_dir, h.dir, out_dir, h.train_cfg, params, int(h.state["step"]), h.settings,
+                        drafter_of, {"tokens_per_batch": h.settings["tokens_per_batch"], "joint": True,
+                                     "answer_only": h.settings["answer_only"], **h.setup.training_meta},
+                        {"tokens_trained_on": batches.num_tokens, **h.setup.data_meta}, evaluate)
