@@ -57,3 +57,28 @@ def test_loss_and_gradients():
     assert set(grads) == set(head) - {"d2t"}
     assert all(np.isfinite(np.asarray(g)).all() for g in grads.values())
     assert float(jnp.abs(grads["wq"]).sum()) > 0 and float(jnp.abs(grads["fc"]).sum()) > 0
+
+
+def test_chunked_soft_ce_is_the_plain_soft_cross_entropy():
+    """losses.chunked_soft_ce (chunks of positions, logits recomputed in the backward) against the
+    whole-array formula: the same loss, per-step losses, agreement and gradients."""
+    from jaxspec.train.losses import chunked_soft_ce, stepwise_soft_ce
+
+    J, P, E, V = 3, 37, 8, 11
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    h, x = jax.random.normal(k[0], (J, P, E)), jax.random.normal(k[1], (P, E))
+    rows, trows = jax.random.normal(k[2], (E, V)), jax.random.normal(k[3], (E, V))
+    valid = jax.random.uniform(jax.random.PRNGKey(5), (J, P)) < 0.7
+
+    def chunked(h):
+        return chunked_soft_ce(lambda a: a @ rows, lambda a: a @ trows, h, x, valid, chunk=8)
+
+    def whole(h):
+        return stepwise_soft_ce((h @ rows)[:, None], (x @ trows)[None], [0] * J, [v[None] for v in valid])
+
+    (a, ma), (b, mb) = chunked(h), whole(h)
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    np.testing.assert_allclose(ma["loss_j"], mb["loss_j"], rtol=1e-5)
+    np.testing.assert_allclose(ma["top1_j"], mb["top1_j"], rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda h: chunked(h)[0])(h), jax.grad(lambda h: whole(h)[0])(h),
+                               rtol=1e-4, atol=1e-6)

@@ -26,7 +26,7 @@ from jaxspec.models.module import LlamaModule
 from .batches import FeatureBatches
 from .features import cache_features, feature_floats, shared_layers
 from .heads import HeadSetup, data_settings, train_head
-from .losses import stepwise_soft_ce, total_variation
+from .losses import chunked_soft_ce, total_variation
 
 LOSSES = ("kl", "tv")
 
@@ -69,12 +69,12 @@ def draft_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, loss: str 
     x, _, _ = forward_hidden(p, tokens, init_cache(lm.cfg, B, T, p["embed"].dtype), lm.cfg)
     index = batch.get("loss_index", jnp.arange(B * T, dtype=jnp.int32))
     at = jnp.maximum(index, 0)
-    logits = lm_head(p, x.reshape(B * T, -1)[at])[None]                       # [1, P, V]
-    target_logits = lm_head(frozen["target_out"], feats[:, :, -1].reshape(B * T, -1)[at])[None]
+    h, target_x = x.reshape(B * T, -1)[at], feats[:, :, -1].reshape(B * T, -1)[at]      # [P, E] each
     valid = ((index >= 0) & batch["mask"].reshape(-1)[at])[None]
     if loss == "tv":
-        return total_variation(logits, target_logits, valid)
-    return stepwise_soft_ce(logits[None], target_logits, [0], [valid], decay=1.0)
+        return total_variation(lm_head(p, h)[None], lm_head(frozen["target_out"], target_x)[None], valid)
+    return chunked_soft_ce(lambda c: lm_head(p, c), lambda c: lm_head(frozen["target_out"], c), h[None], target_x,
+                           valid, decay=1.0)
 
 
 def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int = 192, num_layers: int = 4,

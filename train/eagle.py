@@ -20,7 +20,7 @@ from jaxspec.precision import project
 from .batches import FeatureBatches
 from .features import cache_features, feature_floats
 from .heads import HeadSetup, data_settings, train_head
-from .losses import stepwise_soft_ce
+from .losses import chunked_soft_ce
 from .vocab import draft_vocabulary
 
 
@@ -70,20 +70,24 @@ def ttt_loss(head: EagleHead, embed, feats, tokens, target_logits, loss_mask, st
     """Soft cross-entropy summed over steps with weights decay^(j-1).
 
     target_logits: the target's logits restricted to the draft vocabulary (softmax over them = its
-    distribution conditioned on the draft vocabulary), [B, T, Vd] or a function of flat positions
-    int32[P] -> [P, Vd] (then computed only where scored); loss_mask bool[B, T] marks positions t whose
-    target t+1 counts; loss_index int32[P]: the flat positions b*T + t to score (-1: padding; default
-    all), so logits are computed at loss positions only. -> (loss, {"loss_j": [J], "top1_j": [J]})."""
+    distribution conditioned on the draft vocabulary), [B, T, Vd], or (states [B, T, E], rows [E, Vd]) to
+    compute them from; loss_mask bool[B, T] marks positions t whose target t+1 counts; loss_index int32[P]:
+    the flat positions b*T + t to score (-1: padding; default all), so logits are computed at loss
+    positions only, a chunk at a time (losses.chunked_soft_ce). -> (loss, {"loss_j": [J], "top1_j": [J]})."""
     hs = ttt_hidden(head, embed, feats, tokens, steps)                      # [J, B, T, E]
     J, B, T, E = hs.shape
     index = jnp.arange(B * T, dtype=jnp.int32) if loss_index is None else loss_index
     at = jnp.maximum(index, 0)
-    logits = head.logits(hs.reshape(J, B * T, E)[:, at], rows)             # [J, P, Vd]
     after = jnp.minimum(at + 1, B * T - 1)                                  # position t: target at t+1
-    target = target_logits(after) if callable(target_logits) else target_logits.reshape(B * T, -1)[after]
+    if isinstance(target_logits, tuple):
+        states, target_rows = target_logits
+        target_x, target_fn = states.reshape(B * T, -1)[after], lambda x: project(x, target_rows)
+    else:
+        target_x, target_fn = target_logits.reshape(B * T, -1)[after], lambda x: x
     scored = (index >= 0) & loss_mask.reshape(-1)[at]
-    valid = [(scored & (at % T >= j))[None] for j in range(steps)]         # step j+1 needs j earlier outputs
-    return stepwise_soft_ce(logits[:, None], target[None], [0] * steps, valid, decay)
+    valid = jnp.stack([scored & (at % T >= j) for j in range(steps)])     # step j+1 needs j earlier outputs
+    return chunked_soft_ce(lambda h: head.logits(h, rows), target_fn, hs.reshape(J, B * T, E)[:, at], target_x,
+                           valid, decay)
 
 
 def eagle_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, steps: int):
@@ -94,12 +98,10 @@ def eagle_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, steps: int
     draft vocabulary, "vocab"}. batch["feats"]: the cached features (layout in train/features.py); the
     final normed state (slot N) times target_head gives the target's draft-vocabulary logits."""
     feats = feature_floats(batch["feats"])                                     # [B, T, N + 1, E]
-    normed = feats[:, :, -1].reshape(-1, feats.shape[-1])                     # [B*T, E]
-    target_logits = lambda at: project(normed[at], frozen["target_head"])     # [P, Vd] at flat positions
     head = nnx.merge(graph, params, frozen["vocab"])
     return ttt_loss(head, frozen["embed"], feats[:, :, :-1].transpose(2, 0, 1, 3), batch["tokens"],
-                    target_logits, batch["mask"], steps, head.output_rows(frozen["target_head"]),
-                    loss_index=batch.get("loss_index"))
+                    (feats[:, :, -1], frozen["target_head"]), batch["mask"], steps,
+                    head.output_rows(frozen["target_head"]), loss_index=batch.get("loss_index"))
 
 
 def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size: int = 8192,

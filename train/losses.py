@@ -42,3 +42,38 @@ def stepwise_soft_ce(logits: jax.Array, target_logits: jax.Array, shifts, valid,
     per_step, top1 = jnp.stack(per_step), jnp.stack(top1)
     weights = decay ** jnp.arange(len(shifts), dtype=jnp.float32)
     return jnp.sum(weights * per_step), {"loss_j": per_step, "top1_j": top1}
+
+
+def chunked_soft_ce(draft_logits, target_logits, h: jax.Array, x: jax.Array, valid: jax.Array,
+                    decay: float = 0.8, chunk: int = 256):
+    """Soft cross-entropy of J draft steps against one target distribution per position, `chunk`
+    positions at a time: no [J, P, V] array is ever whole (each chunk's logits are recomputed in the
+    backward pass), so the softmaxes stay in cache instead of streaming gigabytes through memory.
+
+    h [J, P, E] draft states and x [P, E] target states (or the target's logits themselves);
+    draft_logits(h_c [J, C, E]) -> [J, C, V], target_logits(x_c [C, E]) -> [C, V]; valid bool[J, P].
+    CE = logsumexp(q) - sum_v p_v q_v per position. -> (sum_j decay^j * mean CE_j, {"loss_j", "top1_j"})."""
+    J, P = valid.shape
+    pad = (-P) % chunk if P > chunk else 0
+    C = chunk if P > chunk else P
+    h, x = jnp.pad(h, ((0, 0), (0, pad), (0, 0))), jnp.pad(x, ((0, pad), (0, 0)))
+    valid = jnp.pad(valid, ((0, 0), (0, pad)))
+    n = (P + pad) // C
+    chunks = (h.reshape(J, n, C, -1).swapaxes(0, 1), x.reshape(n, C, -1), valid.reshape(J, n, C).swapaxes(0, 1))
+
+    @jax.checkpoint
+    def one(hb, xb, vb):
+        q, t = draft_logits(hb), target_logits(xb)                             # [J, C, V], [C, V]
+        ce = jax.nn.logsumexp(q, axis=-1) - jnp.einsum("cv,jcv->jc", jax.nn.softmax(t, axis=-1), q)
+        agree = jnp.argmax(q, -1) == jnp.argmax(t, -1)[None]
+        return jnp.sum(jnp.where(vb, ce, 0.0), -1), jnp.sum(vb & agree, -1)
+
+    def body(carry, chunk_args):
+        ce, top = one(*chunk_args)
+        return (carry[0] + ce, carry[1] + top), None
+
+    (ce_sum, top_sum), _ = jax.lax.scan(body, (jnp.zeros(J), jnp.zeros(J, jnp.int32)), chunks)
+    count = jnp.maximum(valid.sum(-1), 1)
+    per_step, top1 = ce_sum / count, top_sum / count
+    weights = decay ** jnp.arange(J, dtype=jnp.float32)
+    return jnp.sum(weights * per_step), {"loss_j": per_step, "top1_j": top1}

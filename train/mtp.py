@@ -21,7 +21,7 @@ from jaxspec.precision import project
 from .batches import FeatureBatches
 from .features import cache_features, feature_floats, shared_layers
 from .heads import HeadSetup, data_settings, train_head
-from .losses import stepwise_soft_ce
+from .losses import chunked_soft_ce
 from .vocab import draft_vocabulary
 
 
@@ -47,13 +47,12 @@ def mtp_loss(graph: nnx.GraphDef, params: nnx.State, frozen, batch, decay: float
     hs, _ = mtp_window(head.arrays(), frozen["embed"], h0, nxt, cache, cfg, jnp.zeros((B,), jnp.int32))
     index = batch.get("loss_index", jnp.arange(B * T, dtype=jnp.int32))
     q = jnp.maximum(index, 0)
-    target = project(normed.reshape(B * T, -1)[q], frozen["rows"])                 # [P, Vd]
     flat = hs.reshape(D, B * T, -1)
-    logits = jnp.stack([mtp_logits(frozen["norm"], frozen["rows"], flat[j - 1, jnp.maximum(q - j, 0)], cfg.rms_norm_eps)
-                        for j in range(1, D + 1)])                                  # [D, P, Vd]
+    h = jnp.stack([flat[j - 1, jnp.maximum(q - j, 0)] for j in range(1, D + 1)])   # [D, P, E]: module j at q - j
     kept = (index >= 0) & mask.reshape(-1)[q]
-    valid = [(kept & (q % T >= j))[None] for j in range(1, D + 1)]               # module j reads position q - j
-    return stepwise_soft_ce(logits[:, None], target[None], [0] * D, valid, decay)
+    valid = jnp.stack([kept & (q % T >= j) for j in range(1, D + 1)])
+    return chunked_soft_ce(lambda x: mtp_logits(frozen["norm"], frozen["rows"], x, cfg.rms_norm_eps),
+                           lambda x: project(x, frozen["rows"]), h, normed.reshape(B * T, -1)[q], valid, decay)
 
 
 def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 2, draft_vocab_size: int = 4096,
