@@ -23,9 +23,8 @@ from jaxspec.models import init_params, lm_head
 from jaxspec.models.llama import forward_hidden
 from jaxspec.models.module import LlamaModule
 
-from .batches import FeatureBatches
-from .features import cache_features, feature_floats, shared_layers
-from .heads import HeadSetup, data_settings, train_head
+from .features import feature_floats, shared_layers
+from .heads import HeadSetup, data_settings, train_setup
 from .losses import chunked_soft_ce, total_variation
 
 LOSSES = ("kl", "tv")
@@ -88,15 +87,9 @@ def train_draft(model, data_dir: str, out_dir: str, train_cfg, hidden_size: int 
     for on-policy fine-tuning on answers it wrote itself; loss: "kl" or "tv" (draft_loss). shards: train on
     these data shards only (default all). -> the DraftModel."""
     setup = draft_setup(model, data_dir, hidden_size, num_layers, feature_layers, seed, init, loss, **config_kw)
-    feat_dir = cache_features(model, data_dir, setup.feature_layers, progress=progress, names=shards)
-    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only, names=shards)
-    settings = {**setup.settings, "tokens_per_batch": tokens_per_batch, "examples": len(batches.seqs),
-                "answer_only": answer_only, **({"shards": list(shards)} if shards is not None else {})}
-    train_head(model, data_dir, out_dir, train_cfg, setup.loss_fn, setup.params, setup.frozen, batches, settings,
-               setup.drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
-               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, **setup.training_meta},
-               data_meta={}, resume=resume, progress=progress, on_step=on_step, until=until)
+    train_setup(model, data_dir, out_dir, train_cfg, setup, tokens_per_batch, seed, answer_only, shards,
+                eval_prompts=eval_prompts, eval_tokens=eval_tokens, resume=resume, progress=progress,
+                on_step=on_step, until=until)
     return DraftModel.load(out_dir)
 
 

@@ -17,9 +17,8 @@ from jaxspec.heads.eagle import DraftVocab, EagleConfig, EagleHead
 from jaxspec.models import lm_head_rows
 from jaxspec.precision import project
 
-from .batches import FeatureBatches
-from .features import cache_features, feature_floats
-from .heads import HeadSetup, data_settings, train_head
+from .features import feature_floats
+from .heads import HeadSetup, data_settings, train_setup
 from .losses import chunked_soft_ce
 from .vocab import draft_vocabulary
 
@@ -115,16 +114,9 @@ def train_eagle(model, data_dir: str, out_dir: str, train_cfg, draft_vocab_size:
     on these data shards only (default all; train/scaling.py). tied_head: the head drafts through the
     target's frozen output rows of the draft vocabulary instead of its own (heads/eagle.py)."""
     setup = eagle_setup(model, data_dir, draft_vocab_size, ttt_steps, feature_layers, tied_head, seed, shards)
-    feat_dir = cache_features(model, data_dir, setup.feature_layers, progress=progress, names=shards)
-    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only, names=shards)
-    settings = {**setup.settings, "tokens_per_batch": tokens_per_batch, "examples": len(batches.seqs),
-                **({"answer_only": True} if answer_only else {}),
-                **({"shards": list(shards)} if shards is not None else {})}
-    train_head(model, data_dir, out_dir, train_cfg, setup.loss_fn, setup.params, setup.frozen, batches, settings,
-               setup.drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
-               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, **setup.training_meta},
-               data_meta=setup.data_meta, resume=resume, progress=progress, on_step=on_step, until=until)
+    train_setup(model, data_dir, out_dir, train_cfg, setup, tokens_per_batch, seed, answer_only, shards,
+                eval_prompts=eval_prompts, eval_tokens=eval_tokens, resume=resume, progress=progress,
+                on_step=on_step, until=until)
     return Eagle.load(out_dir)
 
 

@@ -37,6 +37,25 @@ def data_settings(data_dir: str) -> list[dict]:
     return [p["settings"] for p in read_manifest(data_dir)["parts"]]
 
 
+def train_setup(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, setup: HeadSetup,
+                tokens_per_batch: int, seed: int, answer_only: bool, shards: list[str] | None, **fit_kw):
+    """Train one head on cached target features (computed first when missing): `train eagle|mtp|draft`.
+    fit_kw: train_head's eval_prompts, eval_tokens, resume, progress, on_step, until."""
+    from .batches import FeatureBatches
+    from .features import cache_features
+
+    feat_dir = cache_features(model, data_dir, setup.feature_layers, progress=fit_kw.get("progress", True),
+                              names=shards)
+    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
+                             answer_only=answer_only, names=shards)
+    settings = {**setup.settings, "tokens_per_batch": tokens_per_batch, "examples": len(batches.seqs),
+                "answer_only": answer_only, **({"shards": list(shards)} if shards is not None else {})}
+    return train_head(model, data_dir, out_dir, train_cfg, setup.loss_fn, setup.params, setup.frozen, batches,
+                      settings, setup.drafter_of, data_meta=setup.data_meta,
+                      training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch,
+                                     **setup.training_meta}, **fit_kw)
+
+
 def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, loss_fn: Callable, params,
                frozen, batches, settings: dict, drafter_of: Callable, training_meta: dict, data_meta: dict,
                eval_prompts=None, eval_tokens: int = 64, resume: bool = False, progress: bool = True,

@@ -7,7 +7,6 @@ which is normed / g for the target's final-norm weight g, so one feature cache s
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -18,9 +17,8 @@ from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, MTPHead, mtp_logits, mtp_wi
 from jaxspec.models import layer_params, lm_head_rows
 from jaxspec.precision import project
 
-from .batches import FeatureBatches
-from .features import cache_features, feature_floats, shared_layers
-from .heads import HeadSetup, data_settings, train_head
+from .features import feature_floats, shared_layers
+from .heads import HeadSetup, data_settings, train_setup
 from .losses import chunked_soft_ce
 from .vocab import draft_vocabulary
 
@@ -66,15 +64,9 @@ def train_mtp(model, data_dir: str, out_dir: str, train_cfg, num_modules: int = 
     init_from_target: every module's block starts as a copy of the target's last layer. shards: train on these
     data shards only (default all). -> the MTP drafter."""
     setup = mtp_setup(model, data_dir, num_modules, draft_vocab_size, feature_layers, seed, init_from_target, shards)
-    feat_dir = cache_features(model, data_dir, setup.feature_layers, progress=progress, names=shards)
-    batches = FeatureBatches(data_dir, feat_dir, tokens_per_batch, rows_multiple=jax.device_count(), seed=seed,
-                             answer_only=answer_only, names=shards)
-    settings = {**setup.settings, "tokens_per_batch": tokens_per_batch, "examples": len(batches.seqs),
-                "answer_only": answer_only, **({"shards": list(shards)} if shards is not None else {})}
-    train_head(model, data_dir, out_dir, train_cfg, setup.loss_fn, setup.params, setup.frozen, batches, settings,
-               setup.drafter_of, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
-               training_meta={"answer_only": answer_only, "tokens_per_batch": tokens_per_batch, **setup.training_meta},
-               data_meta=setup.data_meta, resume=resume, progress=progress, on_step=on_step, until=until)
+    train_setup(model, data_dir, out_dir, train_cfg, setup, tokens_per_batch, seed, answer_only, shards,
+                eval_prompts=eval_prompts, eval_tokens=eval_tokens, resume=resume, progress=progress,
+                on_step=on_step, until=until)
     return MTP.load(out_dir)
 
 
