@@ -186,6 +186,7 @@ def train_heads(model, data_dir: str, setups: list[HeadSetup], outs: dict, cfg: 
                     h.tokens += int(host["mask"].sum())
                 done = k + 1
                 if done % cfg.log_every == 0 or done == stop:
+                    jax.block_until_ready([h.metrics for h in heads.values()])     # steps dispatch asynchronously
                     losses = _log(heads, done, time.perf_counter() - t0, k)
                     bar.set_postfix({kind: f"{v:.3f}" for kind, v in losses.items()})
                     t0 = time.perf_counter()
