@@ -79,10 +79,11 @@ def test_a_run_whose_cache_is_gone_resumes_from_the_fallback(tiny_data, tmp_path
 
 
 def test_a_fallback_of_other_settings_is_refused(tmp_path):
-    fallback.write(str(tmp_path), 3, {"eagle": {"w": np.ones((2, 2), np.float32)}}, {"eagle": {"lr": 1}}, "t")
+    settings = {"eagle": {"lr": 1, "train": {"save_every": 3}}}
+    fallback.write(str(tmp_path), 3, {"eagle": {"w": np.ones((2, 2), np.float32)}}, settings, "t")
     with pytest.raises(ValueError, match="settings differ in \\['lr'\\]"):
-        fallback.read(str(tmp_path), {"eagle": {"lr": 2}})
+        fallback.read(str(tmp_path), {"eagle": {"lr": 2, "train": {"save_every": 3}}})
     with pytest.raises(ValueError, match="holds heads"):
-        fallback.read(str(tmp_path), {"mtp": {"lr": 1}})
-    saved = fallback.read(str(tmp_path), {"eagle": {"lr": 1}})
+        fallback.read(str(tmp_path), {"mtp": {"lr": 1, "train": {"save_every": 3}}})
+    saved = fallback.read(str(tmp_path), {"eagle": {"lr": 1, "train": {"save_every": 9}}})
     assert saved["step"] == 3 and saved["params"]["eagle"]["w"].dtype == np.float32

@@ -19,6 +19,8 @@ import numpy as np
 from flax import nnx, traverse_util
 from safetensors.numpy import load_file, save_file
 
+from .loop import settings_changed
+
 INDEX = "run.json"
 
 
@@ -62,7 +64,7 @@ def read(folder: str, settings: dict) -> dict | None:
                          f"{sorted(settings)}")
     for kind, mine in settings.items():
         theirs = index["settings"][kind]
-        changed = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+        changed = settings_changed(theirs, mine)
         if changed:
             raise ValueError(f"cannot resume {kind} from the fallback in {folder}: settings differ in {changed}")
     params = {kind: {k: np.asarray(v, np.float32)

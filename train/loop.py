@@ -99,6 +99,19 @@ def append_metrics(out_dir: str, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+BOOKKEEPING = ("save_every", "eval_every", "log_every")     # may change when a run resumes
+
+
+def settings_changed(old: dict, new: dict) -> list[str]:
+    """The keys whose values differ between two runs' settings, ignoring how often a run saves, evaluates
+    and logs (those do not change its schedule)."""
+    def schedule(settings):
+        train = {k: v for k, v in settings.get("train", {}).items() if k not in BOOKKEEPING}
+        return {**settings, "train": train} if "train" in settings else settings
+    old, new = schedule(old), schedule(new)
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
 class Run:
     """One training run in out_dir: settings guard, checkpoints and metrics log."""
 
@@ -114,8 +127,8 @@ class Run:
         if resume and os.path.isfile(path):
             with open(path) as f:
                 old = json.load(f)
-            if old != settings:
-                changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            changed = settings_changed(old, settings)
+            if changed:
                 raise ValueError(f"cannot resume {out_dir}: settings differ in {changed}")
         with open(path, "w") as f:
             json.dump(settings, f, indent=1)
