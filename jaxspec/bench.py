@@ -82,13 +82,16 @@ def drafter_memory(model, drafter, K: int, prompt_len: int, max_new_tokens: int)
 def make_drafter(spec: str, model):
     """'ngram' | 'ngram:MAX:MIN' | 'draft:PATH' (a model folder or .gguf) | 'truncated:N' (first N layers)
     | 'eagle:PATH' | 'eagle' | 'mtp:PATH' | 'mtp' | 'draft' ('eagle', 'mtp', 'draft': the heads and the
-    distilled draft model shipped for the model, drafters.shipped) | PATH (a saved head's folder, its
-    kind read from head.json, or a draft model's folder)."""
-    from .drafters import MTP, DraftModel, Eagle, NGram, shipped, truncated
+    distilled draft model shipped for the model, drafters.shipped) | 'suffix' (over the shipped data's
+    answers) | 'suffix:DATA' (a `jaxspec train data` folder's) | 'suffix:none' (the request's text only)
+    | PATH (a saved head's folder, its kind read from head.json, or a draft model's folder)."""
+    from .drafters import MTP, DraftModel, Eagle, NGram, Suffix, shipped, truncated
 
     name, _, arg = spec.partition(":")
     if name == "ngram":
         return NGram(*(int(x) for x in arg.split(":"))) if arg else NGram()
+    if name == "suffix":
+        return Suffix() if arg == "none" else Suffix.from_data(arg) if arg else shipped(model, "suffix")
     if name == "truncated" and arg:
         return DraftModel(truncated(model, int(arg)))
     loaders = {"eagle": Eagle.load, "mtp": MTP.load, "draft": DraftModel.load}
@@ -102,7 +105,7 @@ def make_drafter(spec: str, model):
     if os.sep in spec or spec.startswith(".") or os.path.splitext(spec)[1]:
         raise ValueError(f"drafter folder not found: {spec}")
     raise ValueError(f"unknown drafter {spec!r}: use ngram, ngram:MAX:MIN, draft, draft:PATH, "
-                     f"truncated:N, eagle, eagle:PATH, mtp, mtp:PATH or a head's folder")
+                     f"truncated:N, eagle, eagle:PATH, mtp, mtp:PATH, suffix, suffix:DATA or a head's folder")
 
 
 def _aggregate(runs: list) -> dict:

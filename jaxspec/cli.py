@@ -185,8 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--no-chat", action="store_true", help="encode the prompt as is, no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
-    gen.add_argument("--drafter", default=None, help="speculate with ngram, eagle, mtp, draft (shipped for the "
-                     "model), eagle:PATH, mtp:PATH, draft:PATH or a head's folder (default: plain decoding)")
+    gen.add_argument("--drafter", default=None, help="speculate with ngram, suffix, eagle, mtp, draft (shipped for "
+                     "the model), suffix:DATA, eagle:PATH, mtp:PATH, draft:PATH or a head's folder (default: "
+                     "plain decoding)")
     gen.add_argument("-k", "--k", type=int, default=5, help="draft tokens per step (adaptive: at most)")
     gen.add_argument("--no-adaptive", action="store_true", help="draft K tokens every step")
     gen.add_argument("--tree", default=None, help="also draft token trees: N or N:depth:top_k")
@@ -207,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peer", choices=["transformers"], default=None)
     b.add_argument("--out", default=None, help="folder for bench.json, bench.md, speedup.png, acceptance.png")
     b.add_argument("--drafters", default=None,
-                   help="comma-separated: ngram, ngram:MAX:MIN, eagle, mtp, draft (shipped for the model), "
-                        "eagle:PATH, mtp:PATH, draft:PATH, truncated:N ('' = plain only)")
+                   help="comma-separated: ngram, ngram:MAX:MIN, suffix, eagle, mtp, draft (shipped for the "
+                        "model), suffix:DATA, eagle:PATH, mtp:PATH, draft:PATH, truncated:N ('' = plain only)")
     b.add_argument("-k", "--k", default=None, help="comma-separated fixed draft lengths K (adaptive: up to the "
                                                    "largest; default 5)")
     b.add_argument("--batch-sizes", default=None, help="comma-separated, e.g. 1,4,16,64 (default 1)")

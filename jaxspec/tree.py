@@ -35,6 +35,20 @@ class Tree:
             raise ValueError(f"a tree needs 1 <= depth <= budget and top_k >= 1, got {self}")
 
 
+def merge_paths(tokens: jax.Array, known: jax.Array):
+    """One row's draft paths tokens int32[M, D] (known bool[M, D]: a path's first tokens up to where it
+    stops) as one trie -> (tokens, parents int32[M * D], valid bool[M * D]): node j * D + d is path j's
+    token d, kept when no earlier path has the same first d + 1 tokens, else its copy there is used."""
+    M, D = tokens.shape
+    prefix_eq = jnp.cumprod(tokens[:, None] == tokens[None], axis=2).astype(bool)   # [M, M, D]: same first d + 1
+    prefix_eq &= known[None] & known[:, None]
+    canon = jnp.argmax(prefix_eq, axis=1)                               # [M, D]: first path like it
+    d = jnp.arange(D)
+    parents = jnp.where(d[None] > 0, jnp.roll(canon, 1, axis=1) * D + d[None] - 1, -1)
+    valid = known & (canon == jnp.arange(M)[:, None])
+    return tokens.reshape(-1).astype(jnp.int32), parents.reshape(-1).astype(jnp.int32), valid.reshape(-1)
+
+
 def ancestors(parents: jax.Array, depth: int) -> jax.Array:
     """bool[B, N + 1, N + 1]: entry [b, i, j] is True when input j (0 = last, n + 1 = node n) is input
     i or one of its ancestors. depth (static) bounds the number of parent hops."""

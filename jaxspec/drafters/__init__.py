@@ -7,16 +7,22 @@ from .draft_model import DraftModel, truncated
 from .eagle import Eagle
 from .mtp import MTP
 from .ngram import NGram
+from .suffix import Suffix, SuffixConfig
 
-__all__ = ["Context", "Drafter", "DraftModel", "Eagle", "MTP", "NGram", "shipped", "truncated"]
+__all__ = ["Context", "Drafter", "DraftModel", "Eagle", "MTP", "NGram", "Suffix", "SuffixConfig", "shipped",
+           "truncated"]
 
 
 def shipped(model: Model | str, kind: str) -> Drafter:
     """The drafter trained here for a model (a Model or its name): kind "eagle", "mtp" or "draft",
-    from checkpoints/<model name>/<kind> (jaxspec.paths.shipped_head)."""
+    from checkpoints/<model name>/<kind> (jaxspec.paths.shipped_head); "suffix": suffix decoding over
+    the answers in checkpoints/<model name>/data."""
     from ..paths import shipped_head
 
-    loaders = {"eagle": Eagle.load, "mtp": MTP.load, "draft": DraftModel.load}
+    loaders = {"eagle": Eagle.load, "mtp": MTP.load, "draft": DraftModel.load, "suffix": None}
     if kind not in loaders:
         raise ValueError(f"kind must be one of {sorted(loaders)}, got {kind!r}")
-    return loaders[kind](shipped_head(model if isinstance(model, str) else model.source, kind))
+    source = model if isinstance(model, str) else model.source
+    if kind == "suffix":
+        return Suffix.from_data(shipped_head(source, "data"))
+    return loaders[kind](shipped_head(source, kind))

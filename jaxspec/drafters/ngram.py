@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..tree import Tree
+from ..tree import Tree, merge_paths
 from .base import Context, Drafter, Proposal, PyTree, TreeProposal
 
 PRIOR_BY_MATCH = (0.4, 0.6, 0.8)          # assumed acceptance after a match of 1, 2, >= 3 tokens
@@ -37,9 +37,7 @@ def _lookup_row(history, length, max_ngram: int, min_ngram: int, num_draft: int)
 
 def _tree_row(history, length, max_ngram: int, min_ngram: int, num_paths: int, depth: int):
     """One row of NGram.propose_tree: the continuations after the num_paths best earlier matches of
-    the row's last tokens (longest match first, then most recent), merged into a trie.
-    -> (tokens, parents int32[num_paths * depth], valid bool[...]); node j * depth + d is continuation j's
-    token d, kept when no earlier continuation has the same first d + 1 tokens."""
+    the row's last tokens (longest match first, then most recent), merged into a trie (merge_paths)."""
     S = history.shape[0]
     c = jnp.arange(S, dtype=jnp.int32)                             # a continuation's first slot
     same = [history[jnp.clip(c - 1 - j, 0, S - 1)] == history[jnp.maximum(length - 1 - j, 0)]
@@ -49,15 +47,8 @@ def _tree_row(history, length, max_ngram: int, min_ngram: int, num_paths: int, d
     score = jnp.where((matched >= min_ngram) & (c < length), matched * S + c, -1)
     best, starts = jax.lax.top_k(score, num_paths)                      # [M]
     slot = starts[:, None] + jnp.arange(depth)                          # [M, D]
-    tokens = history[jnp.minimum(slot, S - 1)]
     known = (best[:, None] >= 0) & (slot < length)
-    prefix_eq = jnp.cumprod(tokens[:, None] == tokens[None], axis=2).astype(bool)   # [M, M, D]: same first d + 1
-    prefix_eq &= known[None] & known[:, None]
-    canon = jnp.argmax(prefix_eq, axis=1)                               # [M, D]: first continuation like it
-    d = jnp.arange(depth)
-    parents = jnp.where(d[None] > 0, jnp.roll(canon, 1, axis=1) * depth + d[None] - 1, -1)
-    valid = known & (canon == jnp.arange(num_paths)[:, None])
-    return tokens.reshape(-1).astype(jnp.int32), parents.reshape(-1).astype(jnp.int32), valid.reshape(-1)
+    return merge_paths(history[jnp.minimum(slot, S - 1)], known)
 
 
 class NGram(Drafter):
