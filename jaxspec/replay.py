@@ -58,8 +58,9 @@ def _step(drafter: Drafter, num_draft: int):
 
 def replay(drafter: Drafter, sequences: list, prompt_lengths: list, num_draft: int, batch: int = 64,
            model=None) -> ReplayResult:
-    """Replay `drafter` with K = num_draft over sequences (prompt + greedy answer token ids), each from its
-    prompt length on. model: what drafter.params_for needs (None for NGram and Suffix)."""
+    """Replay `drafter` with K = num_draft over sequences (prompt + greedy answer token ids). As in the loop,
+    the answer's first token comes from the prompt pass and the drafting starts after it. model: what
+    drafter.params_for needs (None for NGram and Suffix)."""
     params = drafter.params_for(model)
     C = len(drafter.prior_acceptance)
     order = np.argsort([len(s) for s in sequences])
@@ -80,7 +81,7 @@ def replay(drafter: Drafter, sequences: list, prompt_lengths: list, num_draft: i
         starts, ends = np.ones(batch, np.int32), np.ones(batch, np.int32)   # padding rows: already done
         for j, r in enumerate(rows):
             seqs[j, :len(sequences[r])] = sequences[r]
-            starts[j], ends[j] = prompt_lengths[r], len(sequences[r])
+            starts[j], ends[j] = min(prompt_lengths[r] + 1, len(sequences[r])), len(sequences[r])
         pos, n_steps, a, t = jax.device_get(run(params, seqs, starts, ends))
         steps[rows], tokens[rows] = n_steps[:len(rows)], (ends - starts)[:len(rows)]
         acc += a

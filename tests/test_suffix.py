@@ -125,3 +125,46 @@ def test_suffix_drafts_are_lossless_on_smollm2_chains_and_trees(smollm, chat_pro
                                    adaptive=False, **arm)
             assert out.tokens == [plain[i] for i in rows], f"{arm}, batch {len(rows)}"
             assert out.stats.mean_accepted_length > 1.2, arm          # the drafts do get kept
+
+
+def test_answers_added_online_are_drafted_later_without_a_recompile():
+    import jaxspec
+    from jaxspec.drafters import Suffix, SuffixConfig
+
+    from .conftest import tiny_model
+
+    m = tiny_model()
+    prompts = [[5, 9, 2, 7], [3, 1, 4, 1, 5, 9, 2]]
+    plain = jaxspec.generate(m, prompts, max_new_tokens=24).tokens
+    drafter = Suffix(cfg=SuffixConfig(online_tokens=256))
+    kw = dict(max_new_tokens=24, drafter=drafter, num_draft_tokens=4, adaptive=False)
+    before = jaxspec.generate(m, prompts, **kw)
+    drafter.add(before.tokens)
+    after = jaxspec.generate(m, prompts, **kw)
+    assert before.tokens == after.tokens == plain
+    assert after.stats.compile_seconds == 0.0                  # the online store kept its shape
+    assert after.stats.mean_accepted_length > before.stats.mean_accepted_length
+    assert after.stats.mean_accepted_length >= 4.0             # the answers are in the store now
+    drafter.add([list(range(300))])                            # past online_tokens: the oldest go
+    assert drafter.online.size <= 256 and len(drafter.online.sequences) == 0
+
+
+def test_replay_takes_the_steps_the_speculative_loop_takes():
+    """jaxspec.replay on plain greedy answers against the compiled loop itself, row by row (batch 1)."""
+    import jaxspec
+    from jaxspec.drafters import NGram, Suffix
+    from jaxspec.replay import replay
+
+    from .conftest import tiny_model
+
+    m = tiny_model()
+    prompts = [[5, 9, 2, 7], [3, 1, 4, 1, 5, 9, 2], [8, 8, 1]]
+    answers = jaxspec.generate(m, prompts, max_new_tokens=40).tokens
+    store = suffix_store.build([answers[1][:20], [9, 2, 7, 5]])
+    for drafter in (NGram(), Suffix(store)):
+        replayed = replay(drafter, [p + a for p, a in zip(prompts, answers)], [len(p) for p in prompts], 3)
+        for i, p in enumerate(prompts):
+            out = jaxspec.generate(m, [p], max_new_tokens=40, drafter=drafter, num_draft_tokens=3, adaptive=False)
+            assert out.tokens[0] == answers[i]
+            assert int(replayed.steps[i]) == out.stats.target_steps, (drafter, i)
+        assert replayed.mean_accepted_length > 1.0

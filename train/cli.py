@@ -215,6 +215,18 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_replay(args) -> int:
+    import json
+
+    from .replay import run_replay
+
+    result = run_replay(args.data, args.test_shards, args.store_shards, args.drafters.split(","), args.k)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"provenance": _provenance(), **result}, f, indent=1)
+    return 0
+
+
 def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
@@ -393,3 +405,13 @@ def _joint_commands(tsub) -> None:
                     help="share of each row in the loss (< 1: logits at those positions only)")
     pr.add_argument("--out", default=None, help="a JSON file for the result")
     pr.set_defaults(handler=cmd_profile)
+    rp = tsub.add_parser("replay", help="drafters that read only the text (ngram, suffix) replayed over held-out "
+                                        "greedy answers, per prompt pool, without the target")
+    rp.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
+    rp.add_argument("--test-shards", required=True, help="shards replayed, e.g. 80-84")
+    rp.add_argument("--store-shards", required=True, help="shards whose answers make the suffix store, e.g. 0-79")
+    rp.add_argument("--drafters", default="ngram,suffix:none,suffix,suffix:longer,suffix:request,suffix:store",
+                    help="ngram, suffix (rule score), suffix:RULE, suffix:none (the row's own text only)")
+    rp.add_argument("-k", "--k", type=int, default=5)
+    rp.add_argument("--out", default=None, help="a JSON file for the result")
+    rp.set_defaults(handler=cmd_replay)

@@ -98,9 +98,10 @@ def build(sequences: list, max_tokens: int | None = None, capacity: int | None =
     return SuffixStore(tokens, padded, size, len(sa), max_tokens or capacity, seqs)
 
 
-def data_answers(data_dir: str) -> list[np.ndarray]:
-    """The answers (tokens after each prompt) of every shard of a `jaxspec train data` folder."""
-    names = sorted(n for n in os.listdir(data_dir) if n.startswith("shard-") and n.endswith(".npz"))
+def data_answers(data_dir: str, names: list[str] | None = None) -> list[np.ndarray]:
+    """The answers (tokens after each prompt) of the shards `names` (default: all) of a `jaxspec train
+    data` folder."""
+    names = names or sorted(n for n in os.listdir(data_dir) if n.startswith("shard-") and n.endswith(".npz"))
     if not names:
         raise ValueError(f"{data_dir} holds no data shards (shard-*.npz)")
     answers = []
