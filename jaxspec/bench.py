@@ -521,7 +521,7 @@ def command_of(r: dict) -> str:
 
 def report(paths_: list, title: str = "Benchmarks") -> str:
     """BENCHMARKS.md from result files, newest first: bench.json (`jaxspec bench`), coverage.json (`jaxspec
-    train vocab`) and scaling.json (`jaxspec train scaling`), each with its command, date and machine, then
+    train vocab`), scaling.json (`jaxspec train scaling`) and replay.json (`jaxspec train replay`), each with its command, date and machine, then
     its tables (markdown)."""
     results = []
     for path in paths_:
@@ -536,6 +536,8 @@ def report(paths_: list, title: str = "Benchmarks") -> str:
             head, command, body = "draft-vocabulary coverage", r.get("command"), coverage_markdown(r)
         elif r.get("runs") and "fraction" in r["runs"][0]:
             head, command, body = "EAGLE data scaling", r.get("command"), scaling_markdown(r)
+        elif "pools" in r and "store_shards" in r:
+            head, command, body = "replay of text drafters on held-out answers", r.get("command"), replay_markdown(r)
         else:
             head = r["model"] + (f", {r['source']}" if r.get("source") else "")
             command, body = command_of(r), markdown(r)
@@ -568,6 +570,19 @@ def scaling_markdown(r: dict) -> str:
                     f"{'-' if mal is None else f'{mal:.2f}'} | {acc or '-'} |")
     return (f"{r.get('epochs', 1):g} epoch(s) per subset, {r.get('tokens_per_batch')} tokens per batch; each "
             "subset takes every n-th shard, so it has the mix of the whole.\n\n" + "\n".join(rows) + "\n")
+
+
+def replay_markdown(r: dict) -> str:
+    """replay.json (`jaxspec train replay`) -> mean accepted length per prompt pool and drafter."""
+    drafters = [k for k in next(iter(r["pools"].values())) if k not in ("answers", "answer_tokens")]
+    rows = ["| pool | answers | answer tokens | " + " | ".join(drafters) + " |", "|---|---:|---:|" + "---:|" * len(drafters)]
+    for pool, row in r["pools"].items():
+        rows.append(f"| {pool} | {row['answers']} | {row['answer_tokens']:,} | "
+                    + " | ".join(f"{row[d]:.2f}" for d in drafters) + " |")
+    return (f"Mean accepted length at K = {r['k']} replayed over the greedy answers of shards {r['test_shards']} "
+            f"(no target run: drafts kept up to the first that differs from the recorded answer); the suffix store "
+            f"holds the answers of shards {r['store_shards']} ({r['store_tokens']:,} tokens, {r['store_mib']} MiB, "
+            f"built in {r['store_build_seconds']} s).\n\n" + "\n".join(rows) + "\n")
 
 
 def plot(r: dict, out_dir: str) -> list:

@@ -117,8 +117,9 @@ def test_bench_run_writes_json_table_and_plots(tmp_path):
     assert "| ngram adaptive K<=2 |" in text and saved["date"] in text and saved["machine"] in text
 
 
-def test_report_renders_coverage_and_scaling_results(tmp_path):
-    """`bench --report` also takes train vocab's coverage.json and train scaling's scaling.json."""
+def test_report_renders_coverage_scaling_and_replay_results(tmp_path):
+    """`bench --report` also takes train vocab's coverage.json, train scaling's scaling.json and train
+    replay's replay.json."""
     cov = {"sizes": [4096, 32768], "eval": {"humaneval": [0.9754, 0.999]}, "data": {"train.jsonl": [0.91, 0.993]},
            "eval_answer_tokens": {"humaneval": 1993}, "data_answer_tokens": 2032732,
            **bench.provenance("jaxspec train vocab --data D")}
@@ -134,6 +135,13 @@ def test_report_renders_coverage_and_scaling_results(tmp_path):
     assert "| 0.125 | 11 | 250000 | 130 | 1.73 | 0.50 0.20 |" in text and "| 0.25 | 22 | 500000 | 260 | - | - |" in text
     assert "(command not recorded)" in text                      # scaling.json above has none
     assert text.index("draft-vocabulary coverage") < text.index("EAGLE data scaling")   # newest first
+    rep = {"test_shards": "80-84", "store_shards": "0-79", "k": 5, "store_tokens": 1900000, "store_mib": 15.0,
+           "store_build_seconds": 4.2, "date": "2026-01-03", "command": "jaxspec train replay --data D",
+           "pools": {"code": {"answers": 3, "answer_tokens": 1234, "ngram": 1.8, "suffix": 2.791}}}
+    (tmp_path / "replay.json").write_text(json.dumps(rep))
+    text = bench.report([str(tmp_path / "replay.json")])
+    assert "| pool | answers | answer tokens | ngram | suffix |" in text and "| code | 3 | 1,234 | 1.80 | 2.79 |" in text
+    assert "shards 80-84" in text and "shards 0-79 (1,900,000 tokens" in text
 
 
 def test_bench_prompt_file_and_drafter_names(tmp_path):

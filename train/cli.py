@@ -223,7 +223,7 @@ def cmd_replay(args) -> int:
     result = run_replay(args.data, args.test_shards, args.store_shards, args.drafters.split(","), args.k)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"provenance": _provenance(), **result}, f, indent=1)
+            json.dump({**_provenance(), **result}, f, indent=1)
     return 0
 
 

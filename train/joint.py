@@ -69,20 +69,6 @@ def run_dir(name: str) -> str:
     return os.path.join(paths.cache_dir(), "runs", name)
 
 
-def _step_fn(loss_fn, opt, rewarm: int):
-    """loop's train step, its update scaled by min(1, (step - resumed_at + 1) / rewarm) after a fallback."""
-    def step(state, frozen, batch):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], frozen, batch)
-        updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
-        since = (state["step"] - state["resumed_at"] + 1).astype(jnp.float32)
-        scale = jnp.minimum(1.0, since / max(rewarm, 1))
-        params = optax.apply_updates(state["params"], jax.tree.map(lambda u: u * scale, updates))
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-        new = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "resumed_at": state["resumed_at"]}
-        return new, metrics
-    return step
-
-
 class HeadRun:
     """One head of a joint run: its loop.Run (checkpoints, log), its state on the mesh, its compiled step."""
 
@@ -99,7 +85,7 @@ class HeadRun:
                       "resumed_at": jax.device_put(jnp.int32(NOT_RESUMED), replicated)}
         self.frozen = shard_params(setup.frozen, mesh)
         placement = jax.tree.map(lambda x: x.sharding, self.state)
-        self.step_fn = jax.jit(_step_fn(setup.loss_fn, self.opt, cfg.rewarm), donate_argnums=0,
+        self.step_fn = jax.jit(loop._step_fn(setup.loss_fn, self.opt, cfg.rewarm), donate_argnums=0,
                                out_shardings=(placement, replicated))
         self.metrics, self.tokens = None, 0
 
@@ -146,10 +132,8 @@ def _log(heads: dict, step: int, elapsed: float, schedule_at: int) -> dict:
     """Each head's metrics of this step to its log; -> {kind: loss}."""
     losses = {}
     for kind, h in heads.items():
-        metrics = jax.device_get(h.metrics)
-        record = {"step": step, "lr": float(loop.learning_rate(h.train_cfg)(schedule_at)),
-                  "seconds": round(elapsed, 2), "tokens_per_s": round(h.tokens / elapsed, 1),
-                  **{name: loop._plain(v) for name, v in metrics.items()}}
+        record = loop.log_record(step, float(loop.learning_rate(h.train_cfg)(schedule_at)), elapsed, h.tokens,
+                                 h.metrics)
         h.run.log(record)
         h.tokens, losses[kind] = 0, record["loss"]
     return losses

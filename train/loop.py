@@ -67,14 +67,27 @@ def training_mesh() -> Mesh:
     return data_mesh() if mesh.empty else mesh
 
 
-def _step_fn(loss_fn: Callable, opt: optax.GradientTransformation):
+def _step_fn(loss_fn: Callable, opt: optax.GradientTransformation, rewarm: int = 0):
+    """One optimizer step of state {"params", "opt_state", "step", ...}. rewarm > 0 (a joint run resumed
+    from a fallback with fresh moments; its state holds "resumed_at"): the update is scaled by
+    min(1, (step - resumed_at + 1) / rewarm)."""
     def step(state, frozen, batch):      # frozen is an argument: closed over, it would be baked in as constants
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], frozen, batch)
         updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
+        if rewarm:
+            since = (state["step"] - state["resumed_at"] + 1).astype(jnp.float32)
+            updates = jax.tree.map(lambda u: u * jnp.minimum(1.0, since / rewarm), updates)
         params = optax.apply_updates(state["params"], updates)
         metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+        return {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
     return step
+
+
+def log_record(step: int, lr: float, elapsed: float, tokens: int, metrics: dict) -> dict:
+    """A metrics.jsonl record: the step, its learning rate, seconds and tokens/s since the last record,
+    and the step's metrics (fetched from the device)."""
+    return {"step": step, "lr": lr, "seconds": round(elapsed, 2), "tokens_per_s": round(tokens / elapsed, 1),
+            **{name: _plain(v) for name, v in jax.device_get(metrics).items()}}
 
 
 def _plain(x):
@@ -209,11 +222,7 @@ def fit(loss_fn: Callable, params, frozen, batches, cfg: TrainConfig, out_dir: s
             tokens += int(batch["mask"].sum())
             done = k + 1
             if done % cfg.log_every == 0 or done == stop:
-                metrics = jax.device_get(metrics)
-                elapsed = time.perf_counter() - t0
-                record = {"step": done, "lr": float(schedule(k)), "seconds": round(elapsed, 2),
-                          "tokens_per_s": round(tokens / elapsed, 1),
-                          **{name: _plain(v) for name, v in metrics.items()}}
+                record = log_record(done, float(schedule(k)), time.perf_counter() - t0, tokens, metrics)
                 tokens, t0 = 0, time.perf_counter()
                 run.log(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}")
