@@ -10,6 +10,8 @@ contexts of the adaptive policy were measured by `replay` on the committed data 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,9 @@ from ..tree import Tree, merge_paths
 from . import suffix_store
 from .base import Context, Drafter, Proposal, PyTree, TreeProposal
 from .suffix_search import Match, request_match, store_branches
+
+if TYPE_CHECKING:
+    from ..model import Model
 
 RULES = ("score", "longer", "request", "store")
 
@@ -81,7 +86,7 @@ class Suffix(Drafter):
         size = self.store.size if self.store is not None else 0
         return f"Suffix(store of {size} tokens, online {self.online.size}, {self.cfg})"
 
-    def add(self, sequences) -> None:
+    def add(self, sequences: Iterable[Sequence[int]]) -> None:
         """Let later calls draft from these token sequences (e.g. earlier outputs), the oldest dropped past
         cfg.online_tokens. The compiled programs stay (the online store's shape is fixed)."""
         self.online = self.online.add(sequences)
@@ -91,7 +96,7 @@ class Suffix(Drafter):
         cap = self.store.capacity if self.store is not None else 0
         return ("Suffix", self.cfg, cap)
 
-    def params_for(self, model) -> PyTree:
+    def params_for(self, model: Model | None) -> PyTree:
         if self._device is None:
             stores = [s for s in (self.store, self.online) if s is not None]
             self._device = [{"tokens": jnp.asarray(s.tokens), "sa": jnp.asarray(s.sa),
