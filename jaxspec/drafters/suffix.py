@@ -4,8 +4,8 @@ prompt and output (prompt lookup with long matches). Deterministic drafts (probs
 every drafter is. The stores travel as the compiled loop's params (suffix_store.py builds them with
 numpy; suffix_search.py looks them up under jit), so a store that changes keeps its programs.
 
-Choosing between the row and the store (rule "longer": the longer match, the row's on a tie) and the
-contexts of the adaptive policy were measured by `replay` on the committed data (docs/suffix.md).
+Choosing between the row and the store (rule "score": the draft of the higher estimated acceptance)
+and the contexts of the adaptive policy were measured by `jaxspec train replay` (docs/suffix.md).
 """
 from __future__ import annotations
 
@@ -102,10 +102,6 @@ class Suffix(Drafter):
             self._device = [{"tokens": jnp.asarray(s.tokens), "sa": jnp.asarray(s.sa),
                              "count": jnp.asarray(s.count, jnp.int32)} for s in stores]
         return {"stores": self._device}
-
-    @property
-    def memory_bytes(self) -> int:
-        return sum(s.nbytes for s in (self.store, self.online) if s is not None)
 
     @property
     def prior_acceptance(self) -> tuple:
