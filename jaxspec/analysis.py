@@ -87,10 +87,22 @@ def break_even_acceptance(K: int, c: float, tol: float = 1e-12) -> float:
         return 0.0
     if c >= 1:
         return 1.0
-    lo, hi = 0.0, 1.0                               # f(lo) < 1 < f(hi)
+    return acceptance_to_pay(K, K * c + 1.0, tol)
+
+
+def acceptance_to_pay(K: int, step_cost: float, tol: float = 1e-12) -> float:
+    """The per-token acceptance a at which a step of K drafts that costs step_cost plain steps emits
+    as many tokens as the plain steps it costs: expected_tokens(a, K) == step_cost, by bisection
+    (expected_tokens rises strictly from 1 at a = 0 to K + 1 at a = 1). 0.0 for step_cost <= 1;
+    1.0 when even a = 1 does not pay (step_cost >= K + 1)."""
+    if step_cost <= 1.0:
+        return 0.0
+    if step_cost >= K + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0                               # expected_tokens(lo) < step_cost < expected_tokens(hi)
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)
-        if walltime_improvement(mid, K, c) < 1.0:
+        if expected_tokens(mid, K) < step_cost:
             lo = mid
         else:
             hi = mid

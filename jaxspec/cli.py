@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from importlib.metadata import entry_points
@@ -31,7 +32,27 @@ def _mesh(args):
     return parse_mesh(args.mesh) if getattr(args, "mesh", None) else None
 
 
-def _run(model_name: str, prompt: str, args, chat: bool = True):
+class _Printer:
+    """generate(stream=...) for one row: prints the text each target pass adds (decoding the whole
+    answer so far, so pieces of a character or a word wait for the rest)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.tokens, self.shown, self.first_s = tokenizer, [], "", None
+        self.started = time.perf_counter()
+
+    def __call__(self, rows: list) -> None:
+        self.tokens += rows[0]
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.shown):
+            return
+        if len(text) > len(self.shown) and self.first_s is None:
+            self.first_s = time.perf_counter() - self.started
+        sys.stdout.write(text[len(self.shown):])
+        sys.stdout.flush()
+        self.shown = text
+
+
+def _run(model_name: str, prompt: str, args, chat: bool = True, stream: bool = False):
     import jaxspec
 
     sampling = jaxspec.Sampling(temperature=args.temperature, top_k=args.top_k,
@@ -49,34 +70,63 @@ def _run(model_name: str, prompt: str, args, chat: bool = True):
         from .bench import make_drafter
         drafter = make_drafter(args.drafter, model)
     trees = _trees(getattr(args, "tree", None))
+    printer = _Printer(model.tokenizer) if stream else None
     out = jaxspec.generate(model, [ids], max_new_tokens=args.max_new_tokens, sampling=sampling,
                            seed=args.seed, mesh=_mesh(args), drafter=drafter, num_draft_tokens=getattr(args, "k", 5),
-                           adaptive=not getattr(args, "no_adaptive", False), tree=trees[0] if trees else None)
+                           adaptive=not getattr(args, "no_adaptive", False), tree=trees[0] if trees else None,
+                           stream=printer)
+    if printer is not None:
+        rest = out.texts[0][len(printer.shown):] if out.texts[0].startswith(printer.shown) else ""
+        print(rest)                                         # what a last piece held back, and the line's end
     return model, out, load_s
 
 
 def _speculation(s) -> str:
-    """', K used ..., mean accepted length ...' for a speculative run, '' for plain decoding."""
+    """'; tokens per target pass, drafts kept, passes by draft length' for a speculative run, '' for plain."""
     if s.acceptance_rate is None:
-        return ""
-    used = " ".join(f"{k}:{n}" for k, n in s.steps_per_k.items() if n)
-    return (f"; {s.mean_accepted_length:.2f} tokens per target pass, acceptance {s.acceptance_rate:.2f}"
-            + (f", steps per K {used}" if used else "") + (" (decoded plainly)" if s.decoded_plainly else ""))
+        return " (decoded plainly)" if s.decoded_plainly else ""
+    passes = ", ".join(f"{n} {'plain' if k == 0 else 'over a tree' if k == 'tree' else f'with {k} drafts'}"
+                       for k, n in s.steps_per_k.items() if n)
+    return (f"; {s.mean_accepted_length:.2f} tokens per target pass, {s.acceptance_rate:.0%} of drafts kept"
+            + (f"; target passes: {passes}" if passes else ""))
+
+
+def _why_slower(t) -> str:
+    """One line on why a speculative run was slower than plain decoding: its costliest arm's step cost
+    and the acceptance that cost needs, against the acceptance it got."""
+    from .analysis import acceptance_to_pay
+    if t.note:
+        return t.note
+    drafted = {k: c for k, c in t.step_costs.items() if k not in (0, "tree")}
+    if not drafted or t.acceptance_rate is None:
+        return "the loop's own work around each target pass outweighed what the drafts saved"
+    k = max(drafted)
+    return (f"on this CPU a target pass that checks {k} drafts costs {drafted[k]:.2f} plain steps, which pays "
+            f"only when at least {acceptance_to_pay(k, drafted[k]):.0%} of drafts are kept per token; "
+            f"this answer kept {t.acceptance_rate:.0%}")
+
+
+def _timing(s) -> str:
+    return f", timing step costs {s.cost_timing_seconds:.1f} s" if s.cost_timing_seconds else ""
 
 
 def cmd_generate(args) -> int:
     if not args.prompt.strip():
         raise ValueError("--prompt is empty")
-    _, out, load_s = _run(args.model, args.prompt, args, chat=not args.no_chat)
+    stream = not (args.json or args.no_stream)
+    _, out, load_s = _run(args.model, args.prompt, args, chat=not args.no_chat, stream=stream)
     s = out.stats
     if args.json:
         print(json.dumps({"text": out.texts[0], "tokens": out.tokens[0], "load_seconds": load_s,
                           "stats": s.__dict__}))
-    else:
+        return 0
+    if not stream:
         print(out.texts[0])
-        print(f"\n[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tokens/s; first token after "
-              f"{s.prefill_seconds:.2f} s, then {s.decode_tokens_per_second:.1f} tokens/s{_speculation(s)}; "
-              f"compile {s.compile_seconds:.1f} s, load {load_s:.1f} s]", file=sys.stderr)
+    print(f"\n[{s.new_tokens} tokens; the first {s.first_token_seconds:.1f} s after the call (compiling "
+          f"{s.compile_seconds:.1f} s{_timing(s)}, the prompt's pass {s.prefill_seconds:.2f} s), then "
+          f"{s.decode_tokens_per_second:.1f} tokens/s{_speculation(s)}; load {load_s:.1f} s]", file=sys.stderr)
+    if s.note:
+        print(f"[{s.note}]", file=sys.stderr)
     return 0
 
 
@@ -102,7 +152,9 @@ def cmd_demo(args) -> int:
           f"{'the same answer' if spec.tokens == out.tokens else 'A DIFFERENT ANSWER'}; {t.new_tokens} new tokens "
           f"in {t.wall_seconds:.2f} s = {t.tokens_per_second:.1f} tokens/s "
           f"({t.decode_tokens_per_second / s.decode_tokens_per_second:.2f}x plain after the prompt)"
-          f"{_speculation(t)} (compile and cost timing {t.compile_seconds:.1f} s)")
+          f"{_speculation(t)} (compile {t.compile_seconds:.1f} s{_timing(t)})")
+    if t.decode_tokens_per_second < s.decode_tokens_per_second:
+        print(f"why slower: {_why_slower(t)}")
     return 0
 
 
@@ -129,8 +181,8 @@ def _trees(text: str | None) -> list:
     return trees
 
 
-BENCH_DEFAULTS = {"num_prompts": 4, "max_new_tokens": 128, "drafters": "ngram", "k": "5", "batch_sizes": "1",
-                  "temperatures": "0", "trees": None, "out": None}
+BENCH_DEFAULTS = {"num_prompts": 4, "max_new_tokens": 128, "drafters": None, "k": "5", "batch_sizes": "1",
+                  "temperatures": "0", "trees": None, "out": None}      # drafters, out: see bench_settings
 # --preset accelerator: the sweep to run when a GPU or TPU is at hand (bfloat16 there, jaxspec.load)
 PRESETS = {"accelerator": {"num_prompts": 128, "max_new_tokens": 128, "drafters": "ngram,eagle,mtp,draft",
                            "k": "3,5", "batch_sizes": "1,8,32,128", "temperatures": "0,0.7", "trees": "32",
@@ -138,11 +190,17 @@ PRESETS = {"accelerator": {"num_prompts": 128, "max_new_tokens": 128, "drafters"
 
 
 def bench_settings(args) -> None:
-    """Fill the bench flags left unset: from --preset, else BENCH_DEFAULTS (flags given win)."""
+    """Fill the bench flags left unset: from --preset, else BENCH_DEFAULTS (flags given win); then
+    drafters: ngram and every drafter shipped for the model; out: a new dated folder under runs/."""
+    from .drafters import shipped_kinds
     preset = PRESETS[args.preset] if args.preset else {}
     for name, default in BENCH_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, preset.get(name, default))
+    if args.drafters is None:
+        args.drafters = ",".join(["ngram"] + shipped_kinds(args.model))
+    if args.out is None:
+        args.out = os.path.join("runs", time.strftime("bench-%Y-%m-%d-%H%M%S"))
 
 
 def cmd_bench(args) -> int:
@@ -169,6 +227,7 @@ def cmd_bench(args) -> int:
                        adaptive=not args.no_adaptive, repeats=args.repeats, source=args.source,
                        trees=_trees(args.trees), mesh=_mesh(args), command="jaxspec " + " ".join(sys.argv[1:]))
     print(bench.markdown(result))
+    print(f"results kept in {args.out}/: bench.json, bench.md and the plots", file=sys.stderr)
     return 0
 
 
@@ -184,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=DEFAULT_MODEL, help="a named model, a .gguf file or a HF folder")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--no-chat", action="store_true", help="encode the prompt as is, no chat template")
-    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--json", action="store_true", help="print one JSON object (not streamed)")
+    gen.add_argument("--no-stream", action="store_true", help="print the answer at the end, not as it is made")
     gen.add_argument("--drafter", default=None, help="speculate with ngram, suffix, eagle, mtp, draft (shipped for "
                      "the model), suffix:DATA, eagle:PATH, mtp:PATH, draft:PATH or a head's folder (default: "
                      "plain decoding)")
@@ -206,10 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-prompts", type=int, default=None, help="default 4")
     b.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
     b.add_argument("--peer", choices=["transformers"], default=None)
-    b.add_argument("--out", default=None, help="folder for bench.json, bench.md, speedup.png, acceptance.png")
+    b.add_argument("--out", default=None, help="folder for bench.json, bench.md, speedup.png, acceptance.png "
+                                                   "(default: runs/bench-DATE-TIME)")
     b.add_argument("--drafters", default=None,
                    help="comma-separated: ngram, ngram:MAX:MIN, suffix, eagle, mtp, draft (shipped for the "
-                        "model), suffix:DATA, eagle:PATH, mtp:PATH, draft:PATH, truncated:N ('' = plain only)")
+                        "model), suffix:DATA, eagle:PATH, mtp:PATH, draft:PATH, truncated:N ('' = plain only; "
+                        "default: ngram and every drafter shipped for the model)")
     b.add_argument("-k", "--k", default=None, help="comma-separated fixed draft lengths K (adaptive: up to the "
                                                    "largest; default 5)")
     b.add_argument("--batch-sizes", default=None, help="comma-separated, e.g. 1,4,16,64 (default 1)")

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .analysis import expected_tokens
+from .analysis import acceptance_to_pay, expected_tokens
 from .tree import Tree
 
 DECAY = 0.95                # weight of a context's past evidence, per new observation of it
@@ -37,8 +37,14 @@ SYNC_TOLERANCE = 0.05       # a K = 0 step this close to a plain step's cost cou
 
 
 def candidates(num_draft: int) -> tuple[int, ...]:
-    """The K values one loop switches between for a largest K: 0, 1, 2, K // 2 and K."""
-    return tuple(sorted({0, 1, min(2, num_draft), num_draft // 2, num_draft}))
+    """The K values one loop switches between for a largest K: 0, 2, K // 2 and K (1 only for K = 1).
+
+    Each K is one more target pass to compile (4-7 s for SmolLM2 on 2 CPU cores). K = 1 is left out:
+    it beats K = 2 only where a^2 / (1 + a) < (c2 - c1) / c1 and K = 0 only where (1 + a) c0 > c1
+    (a: acceptance, cK: step costs in plain steps), i.e. where a second draft costs much more than
+    the first: at this CPU's EAGLE costs (1.0, 1.52, 1.62) never (a < 0.29 and a > 0.52), and the
+    adaptive runs of benchmarks/suffix-adaptive-*.json chose it in 4 of 3,671 steps."""
+    return tuple(sorted({0, num_draft, min(2, num_draft), max(num_draft // 2, min(2, num_draft))}))
 
 
 class Estimate(NamedTuple):
@@ -152,3 +158,16 @@ def speculation_can_pay(ks: tuple, costs, prior, errors=None) -> bool:
                          for k, c in zip(lengths, costs))
     cheap_wait = ks[0] == 0 and costs[0] - 2.0 * errors[0] <= 1.0 + SYNC_TOLERANCE
     return pays(prior) or (cheap_wait and pays(np.ones_like(prior)))
+
+
+def why_plain(ks: tuple, costs, prior) -> str:
+    """One line on why speculation did not run: what each arm costs on this machine (plain steps),
+    the per-token acceptance it needs to pay (analysis.acceptance_to_pay), and the drafter's prior."""
+    def need(arm, cost: float) -> str:
+        name, most = ("a tree" if isinstance(arm, Tree) else f"K={arm}"), arm_length(arm) + 1
+        if cost >= most:
+            return f"{name} costs {cost:.2f}, more than the {most} tokens it can emit"
+        return f"{name} costs {cost:.2f} and needs {acceptance_to_pay(most - 1, cost):.2f}"
+    needs = ", ".join(need(arm, float(c)) for arm, c in zip(ks, costs) if arm_length(arm) > 0)
+    return (f"on this machine a step of {needs} (plain steps; per-token acceptance); the drafter's prior "
+            f"acceptance is at most {float(np.max(prior)):.2f}")

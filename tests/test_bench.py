@@ -4,6 +4,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import pytest
 
@@ -264,3 +265,29 @@ def test_benchmarks_md_is_generated_from_the_committed_results():
         assert r.get("date") and r.get("command") and r.get("machine"), f"{path} lacks its date, command or machine"
     with open(os.path.join(root, "BENCHMARKS.md")) as f:
         assert f.read() == bench.report(paths), "BENCHMARKS.md is stale: run `make benchmarks`"
+
+
+def test_bench_defaults_to_every_shipped_drafter_and_a_dated_results_folder():
+    from jaxspec import cli
+    args = cli.build_parser().parse_args(["bench"])
+    cli.bench_settings(args)
+    assert args.drafters == "ngram,suffix,eagle,mtp,draft"
+    assert re.fullmatch(r"runs/bench-\d{4}-\d\d-\d\d-\d{6}", args.out.replace(os.sep, "/")), args.out
+    args = cli.build_parser().parse_args(["bench", "--model", "some/folder", "--out", "here"])
+    cli.bench_settings(args)
+    assert (args.drafters, args.out) == ("ngram", "here")
+
+
+@pytest.mark.slow
+def test_bench_keeps_its_results_without_out(tmp_path):
+    """`jaxspec bench` run as a user would, no --out: bench.json lands in a new runs/bench-* folder of
+    the working directory, and the command says where."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "jaxspec.cli", "bench", "--num-prompts", "1", "--max-new-tokens",
+                           "16", "--drafters", "ngram", "--no-adaptive"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kept = glob.glob(str(tmp_path / "runs" / "bench-*" / "bench.json"))
+    assert len(kept) == 1 and json.load(open(kept[0]))["runs"][0]["decoders"]["ngram K=5"]["rows_as_plain"] == 1
+    assert f"results kept in {os.path.relpath(os.path.dirname(kept[0]), tmp_path)}/" in done.stderr

@@ -180,3 +180,31 @@ def test_bfloat16_weights_activations_and_cache_decode_losslessly():
             out = jaxspec.generate(target, prompts, max_new_tokens=16, drafter=drafter, num_draft_tokens=3,
                                    adaptive=False, tree=tree)
             assert out.tokens == plain, (drafter, tree)
+
+
+@pytest.mark.parametrize("kind", ["plain", "ngram", "eagle adaptive", "ngram tree"])
+def test_streaming_hands_over_every_pass_in_order_and_nothing_else(kind):
+    """stream=f gets the prompts' pass's token per row, then one call per target pass with each row's
+    new tokens ([] for a finished row): joined, exactly the returned tokens, EOS and limits included."""
+    from jaxspec.drafters import Eagle, NGram
+    from jaxspec.heads import EagleConfig, init_eagle_params
+    from jaxspec.tree import Tree
+
+    from .conftest import TINY
+    m, prompts = tiny_model(), [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5], [7, 7, 7, 7, 7, 7, 7]]
+    ecfg = EagleConfig.for_target(TINY, draft_vocab_size=TINY.vocab_size)
+    kw = {"plain": {}, "ngram": {"drafter": NGram(), "adaptive": False},
+          "eagle adaptive": {"drafter": Eagle(init_eagle_params(ecfg, jax.random.PRNGKey(1)), ecfg),
+                             "step_costs": {0: 1.0, 2: 1.1, 3: 1.2}},
+          "ngram tree": {"drafter": NGram(), "adaptive": False, "tree": Tree(6, 3, 2)}}[kind]
+    passes = []
+    out = jaxspec.generate(m, prompts, max_new_tokens=[20, 9, 14], num_draft_tokens=3, stream=passes.append, **kw)
+    assert passes[0] == [[t[0]] for t in out.tokens] and len(passes) == out.stats.target_steps + 1
+    assert [sum((p[b] for p in passes), []) for b in range(3)] == out.tokens
+    assert out.tokens == jaxspec.generate(m, prompts, max_new_tokens=[20, 9, 14]).tokens
+
+
+def test_more_draft_tokens_than_can_pay_is_refused():
+    from jaxspec.drafters import NGram
+    with pytest.raises(ValueError, match="more than can pay.*K <= 16"):
+        jaxspec.generate(tiny_model(), [[1, 2, 3]], max_new_tokens=4, drafter=NGram(), num_draft_tokens=17)

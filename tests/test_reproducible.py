@@ -57,14 +57,14 @@ def test_pinned_step_costs_decide_the_policy_and_kept_costs_outlive_the_process_
     m, prompt = tiny_model(), [[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2]]
     with pytest.warns(UserWarning, match="decoding plainly"):
         dear = jaxspec.generate(m, prompt, max_new_tokens=12, drafter=NGram(), num_draft_tokens=3,
-                                step_costs={0: 1.0, 1: 50.0, 2: 60.0, 3: 70.0})
-    assert dear.stats.decoded_plainly and dear.stats.step_costs == {0: 1.0, 1: 50.0, 2: 60.0, 3: 70.0}
+                                step_costs={0: 1.0, 1: 50.0, 2: 60.0, 3: 70.0})      # K = 1 is not an arm
+    assert dear.stats.decoded_plainly and dear.stats.step_costs == {0: 1.0, 2: 60.0, 3: 70.0}
     cheap = jaxspec.generate(m, prompt, max_new_tokens=12, drafter=NGram(), num_draft_tokens=3,
                              step_costs={"0": 1.0, "1": 1.01, "2": 1.02, "3": 1.03})   # as read back from JSON
     assert cheap.stats.steps_per_k[3] > 0 and cheap.tokens == dear.tokens
     with pytest.raises(ValueError, match="missing \\[3\\]"):
         jaxspec.generate(m, prompt, max_new_tokens=4, drafter=NGram(), num_draft_tokens=3,
-                         step_costs={0: 1.0, 1: 1.0, 2: 1.0})
+                         step_costs={0: 1.0, 2: 1.0})
     measured = jaxspec.generate(m, [[4, 5]], max_new_tokens=6, drafter=NGram(), num_draft_tokens=3).stats
     costs.clear()                                               # a new process: only the cost file is left
     again = jaxspec.generate(m, [[6, 7, 8]], max_new_tokens=6, drafter=NGram(), num_draft_tokens=3).stats
@@ -74,42 +74,40 @@ def test_pinned_step_costs_decide_the_policy_and_kept_costs_outlive_the_process_
     assert np.isfinite(list(measured.step_costs.values())).all()
 
 
-def test_cost_timing_donates_the_kv_cache_and_the_drafter_state(monkeypatch):
-    """Undonated, the cache was copied every timed call (K = 3 looked 20% cheaper than it ran at batch
-    16) and EAGLE's state too (its K = 0 step looked 1.15 plain steps): every timed call, plain and
-    speculative, must give both up."""
+def test_cost_timing_runs_the_calls_own_programs_and_donates_their_caches(monkeypatch):
+    """A cold adaptive call compiles the prompts' pass and the speculative loop once each, nothing for
+    the timing alone (its plain steps are the loop's K = 0 arm without the drafter's sync), and every
+    timed call gives up its copy of the KV cache as the loop does (undonated, the cache was copied
+    every call: K = 3 looked 20% cheaper than it ran at batch 16)."""
     import jax
 
     from jaxspec import generation
+    from jaxspec.decode import programs
     from jaxspec.drafters import Eagle
     from jaxspec.heads import EagleConfig, init_eagle_params
 
     from .conftest import TINY
-    calls, real_jit = [], jax.jit
+    calls, real = [], generation.per_step
 
-    def recording_jit(fn, **kw):
-        compiled = real_jit(fn, **kw)
+    def recording(prepare, steps):
+        def prepared(n):
+            calls.append(prepare(n))
+            return calls[-1]
+        return real(prepared, steps)
 
-        def timed(*args):
-            calls.append(args)
-            return compiled(*args)
-        return timed
-
-    monkeypatch.setattr(costs.jax, "jit", recording_jit)     # only the cost timing calls jax.jit while it runs
+    monkeypatch.setattr(generation, "per_step", recording)
+    monkeypatch.setattr(programs, "_PROGRAMS", programs._PROGRAMS.__class__())    # a cold process
     costs.clear(disk=True)
     cfg = EagleConfig.for_target(TINY, draft_vocab_size=TINY.vocab_size)
     eagle = Eagle(init_eagle_params(cfg, jax.random.PRNGKey(1)), cfg)
-    class TimingDone(Exception):
-        pass
-
-    def stop(*args):
-        raise TimingDone
-
-    monkeypatch.setattr(generation, "_loop", stop)                 # the cost timing only
-    with pytest.raises(TimingDone):
-        generation.generate(tiny_model(), [[1, 2, 3]], max_new_tokens=4, drafter=eagle, num_draft_tokens=2)
-    assert len(calls) >= 3 * 15                  # plain, K = 0 and K = 2 (the largest), 15 rounds at least
-    for params, dparams, cache, dstate, ctx, key in calls:
-        buffers = [x for x in jax.tree_util.tree_leaves((cache, dstate)) if x.ndim >= 2]   # K/V, stored features
-        assert len(buffers) == 5 and all(x.is_deleted() for x in buffers)
-        assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves((params, dparams, ctx)))
+    before = dict(programs.TRACES)
+    out = jaxspec.generate(tiny_model(), [[1, 2, 3]], max_new_tokens=16, drafter=eagle, num_draft_tokens=2)
+    traced = {k: n - before.get(k, 0) for k, n in programs.TRACES.items() if n - before.get(k, 0)}
+    assert traced == {"prefill": 1, "speculative": 1}, traced
+    assert out.stats.cost_timing_seconds > 0 and sorted(out.stats.step_costs) == [0, 2]
+    assert all(len(c.args) == 17 for c in calls)
+    plain = [c for c in calls if not bool(c.args[14])]          # sync off: the reference's plain steps
+    assert len(plain) >= 3 and len(calls) >= 3 * len(plain)      # and each of K = 0 and 2 as often
+    for call in calls:
+        assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(call.args[5]) if x.ndim >= 2)
+        assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(call.args[:5]))

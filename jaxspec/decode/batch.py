@@ -48,12 +48,20 @@ def check_limits(max_new_tokens, batch: int) -> np.ndarray:
     return limits.astype(np.int32)
 
 
+MAX_DRAFT_TOKENS = 16   # at acceptance 0.9 per token a K = 16 step expects 8.3 tokens, and drafts past it add
+                        # less than 0.2 each while every one widens the verify pass
+
+
 def check_drafter(drafter, num_draft_tokens, model) -> int:
-    """A drafter that serves `model` and K >= 1 -> K."""
+    """A drafter that serves `model` and 1 <= K <= MAX_DRAFT_TOKENS -> K."""
     if not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must be a jaxspec.drafters drafter or None, got {type(drafter).__name__}")
     if isinstance(num_draft_tokens, bool) or int(num_draft_tokens) != num_draft_tokens or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens (K) must be an integer >= 1, got {num_draft_tokens}")
+    if num_draft_tokens > MAX_DRAFT_TOKENS:
+        raise ValueError(f"num_draft_tokens (K) = {num_draft_tokens} is more than can pay: a step verifies K + 1 "
+                         f"tokens, and past K = {MAX_DRAFT_TOKENS} the last drafts are almost never kept (at "
+                         f"acceptance 0.9 per token, K = 16 expects 8.3 tokens a step); use K <= {MAX_DRAFT_TOKENS}")
     drafter.check_target(model)
     return int(num_draft_tokens)
 

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import rowwise
+from .. import rowwise, streaming
 from ..cache import KVCache
 from ..models import forward
 from ..sampling import sample_tokens
@@ -24,8 +24,11 @@ class PlainState(NamedTuple):
     steps: jax.Array     # int32: target steps so far
 
 
-def autoregressive(params, first, limits, cache, sampling, eos_ids, key, *, cfg, capacity_out, live_attention):
-    """Steps after prefill (first int32[B], the cache holding the prompts) until every row is done.
+def autoregressive(params, first, limits, cache, sampling, eos_ids, key, max_steps, stream_id, *, cfg, capacity_out,
+                   live_attention, stream=False):
+    """Steps after prefill (first int32[B], the cache holding the prompts) until every row is done, or
+    max_steps (int32; costs.py times plain steps with this same program). stream (static): each step
+    sends its token to the host stream stream_id (jaxspec/streaming.py).
     live_attention (static): attention reads only the slots of the longest unfinished row.
     -> (out int32[B, N], count int32[B], steps, cache)."""
     TRACES["autoregressive"] += 1
@@ -36,6 +39,8 @@ def autoregressive(params, first, limits, cache, sampling, eos_ids, key, *, cfg,
         logits, _, cache = forward(params, s.last[:, None], s.cache, cfg, live=live_slots(s.cache, s.done, 1,
                                                                                             live_attention))
         tok = sample_tokens(sub, logits[:, 0], sampling)
+        if stream:
+            streaming.send(stream_id, s.steps, tok[:, None], (~s.done).astype(jnp.int32))
         slot = jnp.where(s.done, capacity_out, s.count)               # finished rows write nowhere
         count = s.count + (~s.done).astype(jnp.int32)
         return PlainState(cache=cache, last=jnp.where(s.done, s.last, tok),
@@ -46,5 +51,5 @@ def autoregressive(params, first, limits, cache, sampling, eos_ids, key, *, cfg,
     state = PlainState(cache=cache, last=first, out=jnp.full((B, capacity_out), -1, jnp.int32).at[:, 0].set(first),
                        count=count, done=jnp.isin(first, eos_ids) | (count >= limits), key=key,
                        steps=jnp.zeros((), jnp.int32))
-    s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    s = jax.lax.while_loop(lambda s: ~jnp.all(s.done) & (s.steps < max_steps), body, state)
     return s.out, s.count, s.steps, s.cache  # returning the cache lets XLA reuse the donated buffers

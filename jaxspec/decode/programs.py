@@ -9,6 +9,8 @@ import time
 
 import jax
 
+from ..status import working
+
 TRACES: collections.Counter = collections.Counter()  # program name -> times traced (compile guard)
 # Bounded: XLA CPU maps ~1,500 memory regions per program of a 30-layer model (one per kernel of the
 # unrolled layers); a process may hold 65,530.
@@ -16,10 +18,11 @@ MAX_PROGRAMS = 24
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
 
 
-def compiled(tag: tuple, fn, static: dict, args: tuple, donate: tuple):
+def compiled(tag: tuple, fn, static: dict, args: tuple, donate: tuple, what: str = ""):
     """AOT-compile fn for these argument shapes once; -> (executable, seconds spent compiling now).
 
-    tag names everything static that changes the program (hashable); static are fn's keyword args."""
+    tag names everything static that changes the program (hashable); static are fn's keyword args;
+    what: the program in words, for the status line a long compile shows (jaxspec/status.py)."""
     shapes = tuple((a.shape, a.dtype, _placement(a)) for a in jax.tree_util.tree_leaves(args))
     key = (tag, shapes)
     if key in _PROGRAMS:
@@ -27,7 +30,9 @@ def compiled(tag: tuple, fn, static: dict, args: tuple, donate: tuple):
         return _PROGRAMS[key], 0.0
     start = time.perf_counter()
     jitted = jax.jit(functools.partial(fn, **static), donate_argnums=donate)
-    exe = jitted.lower(*args).compile()
+    kept = "cached for next time" if jax.config.jax_compilation_cache_dir else ""
+    with working(f"compiling {what or tag[0]}", kept):
+        exe = jitted.lower(*args).compile()
     _PROGRAMS[key] = exe
     while len(_PROGRAMS) > MAX_PROGRAMS:
         _PROGRAMS.popitem(last=False)

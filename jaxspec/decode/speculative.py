@@ -12,7 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from .. import policy, rowwise
+from .. import policy, rowwise, streaming
 from ..cache import KVCache, rollback
 from ..config import ModelConfig
 from ..drafters.base import Context, Drafter
@@ -63,6 +63,10 @@ class Fixed(NamedTuple):
     eos_ids: jax.Array      # int32[*]
     sampling: dict          # per-row sampling arrays [B]
     costs: jax.Array        # float32[len(ks)]: step cost of each arm in plain steps
+    force: jax.Array        # int32: -1, or the index into ks of the arm every step takes (cost timing)
+    sync: jax.Array         # bool: False skips the drafter's sync in K = 0 steps (the timing's plain steps)
+    max_steps: jax.Array    # int32: the loop stops after this many steps (cost timing) or when every row is done
+    stream_id: jax.Array    # int32: where a streaming loop sends each step's tokens (jaxspec/streaming.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,15 +78,18 @@ class Static:
     ks: tuple               # the arms one loop switches between: chain K (int) or Tree (one: fixed)
     width: int              # P = the most drafts a step keeps + 1: a step's emitted tokens and features
     live_attention: bool
+    stream: bool = False    # send each step's tokens to the host (streaming.send)
 
     @property
     def adaptive(self) -> bool:
         return len(self.ks) > 1
 
 
-def spec_step(params, dparams, cache, dstate, ctx: Context, key, live=None, *, cfg, drafter, num_draft, width):
+def spec_step(params, dparams, cache, dstate, ctx: Context, key, live=None, sync=None, *, cfg, drafter, num_draft,
+              width):
     """One step with K = num_draft drafts, or K = 0: a plain target step while the drafter syncs.
-    live: the cache slots the target pass reads (None: all; see batch.live_slots).
+    live: the cache slots the target pass reads (None: all; see batch.live_slots). sync (traced bool,
+    optional): False skips the drafter's sync at K = 0, a plain step for the cost timing's reference.
 
     -> (num_accepted int32[B], emitted int32[B, width] (-1 past the step's K+1), target cache with
     length += K+1, drafter state, hidden [N, B, width, E] of the pass, zero-padded)."""
@@ -90,7 +97,8 @@ def spec_step(params, dparams, cache, dstate, ctx: Context, key, live=None, *, c
     k_draft, k_accept = jax.random.split(key)
     before = dstate
     if K == 0:
-        dstate = drafter.sync(dparams, dstate, ctx)
+        dstate = drafter.sync(dparams, dstate, ctx) if sync is None else \
+            jax.lax.cond(sync, lambda d: drafter.sync(dparams, d, ctx), lambda d: d, dstate)
         logits, hidden, cache = forward(params, ctx.last[:, None], cache, cfg, drafter.hidden_layers, live)
         n, emitted = jnp.zeros_like(ctx.last), sample_tokens(k_accept, logits, ctx.sampling)
     else:
@@ -191,7 +199,8 @@ def _choose(s: SpecState, fixed: Fixed, st: Static):
     if not st.adaptive:
         return jnp.zeros_like(s.last), zero
     context = st.drafter.context(fixed.dparams, s.dstate, _context_of(s, fixed))
-    return context, policy.choose(s.est, st.ks, fixed.costs, context, ~s.done)
+    chosen = policy.choose(s.est, st.ks, fixed.costs, context, ~s.done)
+    return context, jnp.where(fixed.force >= 0, fixed.force, chosen).astype(jnp.int32)
 
 
 def _count(a: AcceptCounts, active, n, k_now: int, choice: int, drafted) -> AcceptCounts:
@@ -219,13 +228,15 @@ def _step(choice: int, s: SpecState, fixed: Fixed, st: Static) -> SpecState:
     else:
         n, emitted, new_cache, dstate, hidden = spec_step(
             fixed.params, fixed.dparams, s.cache, s.dstate, ctx, k_step,
-            live_slots(s.cache, s.done, k_now + 1, st.live_attention), cfg=st.cfg, drafter=st.drafter,
-            num_draft=k_now, width=P)
+            live_slots(s.cache, s.done, k_now + 1, st.live_attention), _sync_flag(fixed, st, k_now), cfg=st.cfg,
+            drafter=st.drafter, num_draft=k_now, width=P)
         drafted = jnp.full_like(n, k_now)
     idx = jnp.arange(P, dtype=jnp.int32)
     eos_at = jnp.isin(emitted, fixed.eos_ids) & (idx[None] <= n[:, None])
     upto_eos = jnp.where(eos_at.any(1), jnp.argmax(eos_at, axis=1) + 1, P)
     count = jnp.where(s.done, 0, jnp.minimum(jnp.minimum(n + 1, upto_eos), fixed.limits - s.count))
+    if st.stream:
+        streaming.send(fixed.stream_id, s.steps, emitted, count)
     active = ~s.done
     committed = st.drafter.commit(fixed.dparams, dstate, ctx, jnp.where(s.done, 0, n))
     check_state(st.drafter, dstate, committed, "commit")
@@ -239,6 +250,11 @@ def _step(choice: int, s: SpecState, fixed: Fixed, st: Static) -> SpecState:
         est=_estimate(s, arm, n, active, st))
     context, choice_next = _choose(new, fixed, st)
     return new._replace(context=context, choice=choice_next)
+
+
+def _sync_flag(fixed: Fixed, st: Static, k_now: int):
+    """The traced sync switch of a K = 0 step, or None where there is nothing to skip (no sync)."""
+    return fixed.sync if k_now == 0 and type(st.drafter).sync is not Drafter.sync else None
 
 
 def _estimate(s: SpecState, arm, n, active, st: Static) -> policy.Estimate:
@@ -271,24 +287,30 @@ def _initial_state(fixed: Fixed, st: Static, tokens, lengths, cache, key, first,
 
 
 def speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_ids, key, first, prompt_features,
-                costs, prior, *, cfg, drafter, ks, capacity_out, live_attention):
+                costs, prior, force, sync, max_steps, stream_id, *, cfg, drafter, ks, capacity_out, live_attention,
+                stream=False):
     """After prefill (first int32[B], prompt_features [N, B, T, E]), steps until every row is done.
 
     ks: the arms of this loop (static): chain K values (int) and at most one Tree. One arm: fixed,
     one lax.while_loop. Several (adaptive): policy.choose picks each step's arm from the acceptance
     estimates (starting at prior float32[C], one per drafter context) and costs float32[len(ks)]
-    (plain steps), at the end of the step before. An outer loop runs one inner while_loop per K in turn, each running steps while
+    (plain steps), at the end of the step before. For the cost timing (costs.py) this same program
+    runs with force int32 >= 0 (every step takes the arm ks[force]), sync bool False (K = 0 steps skip
+    the drafter's sync: plain steps) and max_steps int32 (it stops after that many steps). stream
+    (static): each step sends its tokens to the host stream stream_id (jaxspec/streaming.py). An outer loop runs one inner while_loop per K in turn, each running steps while
     the choice is its K: a lax.switch around every step cost 4-7% of a plain step on XLA CPU, and a
     switch between the inner loops made XLA copy the KV cache on each entry into a K > 0 loop.
     -> (out int32[B, N+K+1], count int32[B], steps, AcceptCounts, cache). The loop keeps one token
     buffer, `history` (prompt + output per row); the output is cut from it at the end."""
     TRACES["speculative"] += 1
-    fixed = Fixed(params, dparams, limits, eos_ids, sampling, costs)
-    st = Static(cfg, drafter, tuple(ks), max(policy.arm_length(arm) for arm in ks) + 1, live_attention)
+    fixed = Fixed(params, dparams, limits, eos_ids, sampling, costs, force, sync, max_steps, stream_id)
+    st = Static(cfg, drafter, tuple(ks), max(policy.arm_length(arm) for arm in ks) + 1, live_attention, stream)
     state = _initial_state(fixed, st, tokens, lengths, cache, key, first, prompt_features, prior)
 
+    going = lambda s: ~jnp.all(s.done) & (s.steps < max_steps)
+
     def while_chosen(choice: int, s: SpecState) -> SpecState:
-        return jax.lax.while_loop(lambda s: ~jnp.all(s.done) & (s.choice == choice),
+        return jax.lax.while_loop(lambda s: going(s) & (s.choice == choice),
                                   functools.partial(_step, choice, fixed=fixed, st=st), s)
 
     if st.adaptive:
@@ -296,7 +318,7 @@ def speculative(params, dparams, tokens, lengths, limits, cache, sampling, eos_i
             for i in range(len(ks)):
                 s = while_chosen(i, s)
             return s
-        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), each_k_in_turn, state)
+        state = jax.lax.while_loop(going, each_k_in_turn, state)
     else:
         state = while_chosen(0, state)
     width = capacity_out + st.width

@@ -10,7 +10,24 @@ from .ngram import NGram
 from .suffix import Suffix, SuffixConfig
 
 __all__ = ["Context", "Drafter", "DraftModel", "Eagle", "MTP", "NGram", "Suffix", "SuffixConfig", "shipped",
-           "truncated"]
+           "shipped_kinds", "truncated"]
+
+
+SHIPPED_KINDS = ("suffix", "eagle", "mtp", "draft")
+
+
+def shipped_kinds(model: Model | str) -> list:
+    """The kinds of drafter shipped for a model (a Model or its name), in SHIPPED_KINDS' order."""
+    from ..paths import shipped_head
+    source = model if isinstance(model, str) else model.source
+    found = []
+    for kind in SHIPPED_KINDS:
+        try:
+            shipped_head(source, "data" if kind == "suffix" else kind)
+            found.append(kind)
+        except ValueError:
+            pass
+    return found
 
 
 def shipped(model: Model | str, kind: str) -> Drafter:
