@@ -115,6 +115,9 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
     assert r.stdout.strip()
 
 
+ENV_PREFIX = re.compile(r"^(\w+=\S+\s+)+")        # VAR=value before a command
+
+
 def _readme_command_lines() -> list[list[str]]:
     """The `jaxspec ...` lines of the README's bash blocks as argument lists: comments cut, continuation
     lines joined, optional parts `[...]` kept and `a|b|c` choices expanded into one line each."""
@@ -125,7 +128,7 @@ def _readme_command_lines() -> list[list[str]]:
     lines = []
     for block in readme.split("```bash\n")[1:]:
         for line in block.split("```", 1)[0].splitlines():
-            line = line.split("#", 1)[0].rstrip()
+            line = ENV_PREFIX.sub("", line.split("#", 1)[0].rstrip())
             if line.startswith("jaxspec"):
                 lines.append(line)
             elif line.strip().startswith("[") and lines:
@@ -179,3 +182,45 @@ def test_help_shows_every_default_once_and_never_none():
                     and action.help != argparse.SUPPRESS:
                 assert f"default:{action.default}".replace(" ", "") in text or "default" in (action.help or ""), \
                     (parser.prog, action.dest)
+
+
+@pytest.mark.slow
+def test_generate_streams_the_answer_as_it_is_made():
+    """The first answer text reaches the terminal well before the last (64 tokens), the streamed text
+    is the answer --no-stream prints, and the stats line names where the first token's time went."""
+    import os
+    import time
+    args = ["generate", "--prompt", "Write a short poem about the sea.", "--max-new-tokens", "64"]
+    proc = subprocess.Popen([sys.executable, "-m", "jaxspec.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    arrivals = []
+    while chunk := os.read(proc.stdout.fileno(), 4096):
+        arrivals.append((time.perf_counter(), chunk))
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 0, err
+    streamed = b"".join(c for _, c in arrivals).decode()
+    text = [t for t, c in arrivals if c.strip()]
+    assert text[-1] - text[0] >= 1.0, [round(t - text[0], 2) for t in text]
+    assert re.search(r"\[\d+ tokens; the first [\d.]+ s after the call \(compiling [\d.]+ s", err), err
+    plain = _jaxspec(*args, "--no-stream")
+    assert plain.returncode == 0 and plain.stdout == streamed
+
+
+@pytest.mark.slow
+def test_the_readme_generate_lines_without_options_run_as_written():
+    """The README's `jaxspec generate` lines that are complete commands (no [optional] parts) run as
+    written on this CPU, their environment included (the mesh line's device count)."""
+    import os
+    import shlex
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
+    lines = [line.split("  #", 1)[0].strip() for block in readme.split("```bash\n")[1:]
+             for line in block.split("```", 1)[0].splitlines()]
+    lines = [line for line in lines if ENV_PREFIX.sub("", line).startswith("jaxspec generate") and "[" not in line]
+    assert len(lines) >= 2
+    for line in lines:
+        prefix = ENV_PREFIX.match(line)
+        env = dict(word.split("=", 1) for word in shlex.split(prefix.group(0))) if prefix else {}
+        argv = shlex.split(ENV_PREFIX.sub("", line))[1:]
+        done = subprocess.run([sys.executable, "-m", "jaxspec.cli", *argv], capture_output=True, text=True,
+                              timeout=900, env={**os.environ, **env})
+        assert done.returncode == 0 and done.stdout.strip(), (line, done.stderr[-2000:])
