@@ -28,7 +28,7 @@ MESHES = [(8, 1), (4, 2), (2, 4)]
 TINY_MESHES = [(8, 1), (2, 4)]          # rows over data, weights over model; (4, 2): the real runs
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2][: 2 + i] for i in range(7)] + [[5] * 11]     # 8 lengths (distributed_run)
 # pinned step costs (plain steps) that make the adaptive policy switch between K = 0, chain and tree arms
-SWITCHING_COSTS = {0: 1.0, 1: 1.3, 2: 1.5, "tree": 1.5}
+SWITCHING_COSTS = {0: 1.0, 2: 1.3, "tree": 1.5}
 QUESTIONS = ["Hi", "What is 2+2?", "Write a haiku about the sea.", "Name three colors.", "Tell me a joke.",
              "How do I sort a list in Python?", "Explain gravity to a child in simple words.", "Why?"]
 
@@ -50,7 +50,7 @@ def tiny_runs(model) -> list:
 
 
 def real_runs(model) -> list:
-    """SmolLM2's shipped drafters, adaptive (the default) with switching costs, K = 2 (arms 0, 1, 2) and a
+    """SmolLM2's shipped drafters, adaptive (the default) with switching costs, K = 2 (arms 0 and 2) and a
     tree offered to EAGLE. EAGLE runs on the model as loaded (30 layers unrolled: the case that deadlocked
     on (4, 2)); the others on the same weights stacked (scanned layers: a third of the compile time)."""
     stacked = dataclasses.replace(model, params={**model.params, "layers": stack_layers(model.params["layers"])})
