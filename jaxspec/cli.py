@@ -54,6 +54,7 @@ class _Printer:
 
 def _run(model_name: str, prompt: str, args, chat: bool = True, stream: bool = False):
     import jaxspec
+    from .tokenizer import prompt_ids
 
     sampling = jaxspec.Sampling(temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, min_p=args.min_p)  # bad settings fail before loading
@@ -61,8 +62,7 @@ def _run(model_name: str, prompt: str, args, chat: bool = True, stream: bool = F
     model = jaxspec.load(model_name)
     load_s = time.perf_counter() - started
     if chat:
-        ids = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                  add_generation_prompt=True)
+        ids = prompt_ids(model.tokenizer, prompt)
     else:
         ids = model.tokenizer.encode(prompt)
     drafter = None
@@ -134,6 +134,7 @@ def cmd_demo(args) -> int:
     """A chat answer plain, then with a drafter (--drafter, default ngram), side by side."""
     import jaxspec
     from .bench import make_drafter
+    from .tokenizer import prompt_ids
 
     print(f"jaxspec demo: {args.model}, greedy: plain decoding, then speculative with {args.drafter}\n")
     print(f"user> {DEMO_QUESTION}\n")
@@ -144,7 +145,7 @@ def cmd_demo(args) -> int:
     print(f"{s.new_tokens} new tokens in {s.wall_seconds:.2f} s = {s.tokens_per_second:.1f} tokens/s: the prompt "
           f"{s.prefill_seconds:.2f} s, then {s.decode_tokens_per_second:.1f} tokens/s "
           f"(compile {s.compile_seconds:.1f} s, load {load_s:.1f} s)")
-    ids = model.tokenizer.apply_chat_template([{"role": "user", "content": DEMO_QUESTION}], add_generation_prompt=True)
+    ids = prompt_ids(model.tokenizer, DEMO_QUESTION)
     spec = jaxspec.generate(model, [ids], max_new_tokens=args.max_new_tokens, seed=args.seed,
                             drafter=make_drafter(drafter_spec, model), num_draft_tokens=args.k)
     t = spec.stats

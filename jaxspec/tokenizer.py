@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 from .paths import read_bytes
 
@@ -73,7 +73,89 @@ def _gguf_fields(source) -> dict:
         source = gguf.GGUFReader(source)
     if isinstance(source, Mapping):
         return dict(source)
-    return {k: f.contents() for k, f in source.fields.items() if k.startswith("tokenizer.")}
+    return {k: f.contents() for k, f in source.fields.items()
+            if k.startswith("tokenizer.") or k == "general.architecture"}
+
+
+def _byte_level_backend(f: Mapping, tokens: list[str], types: list[int]) -> tokenizers.Tokenizer:
+    """`tokenizer.ggml.model == "gpt2"`: byte-level BPE with the file's merges."""
+    pre = _pre_tokenizer(f.get("tokenizer.ggml.pre") or "default")
+    added = {i for i, t in enumerate(types) if t in (3, 4)}
+    vocab = {}
+    for i, tok in enumerate(tokens):  # added tokens keep their raw spelling so they map to their own id
+        if i not in added and not set(tok) <= _ALPHABET:
+            tok = "".join(_BYTE_SPELLING[b] for b in tok.encode("utf-8"))
+        vocab.setdefault(tok, i)
+    merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges") or []]
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    backend.pre_tokenizer = pre
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+# SentencePiece writes a space inside a token as U+2581.
+_SPM_SPACE = "\u2581"
+# Architectures whose GGUF scores do not give the merge order (user-defined tokens such as runs of spaces
+# carry -1000 though they come first); transformers ranks their merges by file position instead.
+_POSITION_RANKED = frozenset({"gemma", "gemma2", "gemma3"})
+
+
+def _spm_spelling(token: str) -> str:
+    """A whitespace-only token with its spaces as U+2581 (Gemma files store runs of spaces with real spaces)."""
+    return token.replace(" ", _SPM_SPACE) if token.isspace() else token
+
+
+def _spm_merges(vocab: Mapping[str, int], priority: Sequence[float]) -> list[tuple[str, str]]:
+    """The BPE merges a SentencePiece vocabulary implies, best first.
+
+    Every way to cut a token into two vocabulary pieces is a merge. Merges are ranked by the `priority` of
+    the token they build (higher first), then by longer left piece, then by token id (transformers' order).
+    """
+    found = []
+    for tok, i in vocab.items():
+        for cut in range(1, len(tok)):
+            left, right = tok[:cut], tok[cut:]
+            if left in vocab and right in vocab:
+                found.append((-priority[i], -cut, cut - len(tok), i, left, right))
+    found.sort(key=lambda m: m[:4])
+    return [(m[4], m[5]) for m in found]
+
+
+def _sentencepiece_backend(f: Mapping, tokens: list[str], types: list[int]) -> tokenizers.Tokenizer:
+    """`tokenizer.ggml.model == "llama"`: SentencePiece BPE with byte fallback (`<0x00>`..`<0xFF>`).
+
+    Spaces become U+2581 (plus one in front of the text when `add_space_prefix`, default on). Without
+    merges in the file they are derived from the vocabulary, ranked by score (Gemma: by file position).
+    """
+    spelled = [_spm_spelling(t) for t in tokens]
+    vocab = {t: i for i, t in enumerate(spelled)}  # a repeated token keeps its last id, as llama.cpp does
+    if f.get("tokenizer.ggml.merges"):
+        merges = [tuple(m.split(" ", 1)) for m in f["tokenizer.ggml.merges"]]
+    else:
+        scores = f.get("tokenizer.ggml.scores")
+        by_position = not scores or f.get("general.architecture") in _POSITION_RANKED
+        merges = _spm_merges(vocab, range(0, -len(spelled), -1) if by_position else [float(s) for s in scores])
+    unk = f.get("tokenizer.ggml.unknown_token_id")
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True,
+                                              unk_token=None if unk is None else spelled[int(unk)]))
+    backend.normalizer = normalizers.Replace(" ", _SPM_SPACE)
+    steps = [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if f.get("tokenizer.ggml.add_space_prefix", True):
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SPM_SPACE, prepend_scheme="first", split=False)
+        steps.append(decoders.Strip(" ", 1, 0))
+    backend.decoder = decoders.Sequence(steps)
+    return backend
+
+
+_BACKENDS = {"gpt2": _byte_level_backend, "llama": _sentencepiece_backend}
+
+
+def _bos_eos_processor(tokens: list[str], bos: int | None, eos: int | None) -> processors.TemplateProcessing:
+    """Post-processor adding `bos` before and `eos` after each sequence (either may be None)."""
+    b, e = (f"{tokens[bos]} " if bos is not None else ""), (f" {tokens[eos]}" if eos is not None else "")
+    special = {tokens[i]: i for i in (bos, eos) if i is not None}
+    return processors.TemplateProcessing(single=f"{b}$A{e}", pair=f"{b}$A{e} $B:1{e}",
+                                         special_tokens=list(special.items()))
 
 
 def _token_of(backend: tokenizers.Tokenizer, spec) -> int | None:
@@ -119,44 +201,34 @@ class Tokenizer:
     def from_gguf(cls, source) -> Tokenizer:
         """Build from GGUF metadata: a dict of key -> `field.contents()`, a `gguf.GGUFReader`, or a path.
 
-        Supports `tokenizer.ggml.model == "gpt2"` (byte-level BPE). Control tokens (type 3) become
-        special added tokens, user-defined ones (type 4) plain added tokens. `eot`/`eom` ids join the eos ids.
+        Supports `tokenizer.ggml.model` "gpt2" (byte-level BPE) and "llama" (SentencePiece BPE with byte
+        fallback, e.g. Gemma 3). Control tokens (type 3) become special added tokens, user-defined ones
+        (type 4) plain added tokens. `eot`/`eom` ids join the eos ids.
         """
         f = _gguf_fields(source)
         kind = f.get("tokenizer.ggml.model")
-        if kind != "gpt2":
+        if kind not in _BACKENDS:
             raise ValueError(f"unsupported GGUF tokenizer model tokenizer.ggml.model={kind!r}; "
-                             "only 'gpt2' (byte-level BPE) is supported")
-        pre = _pre_tokenizer(f.get("tokenizer.ggml.pre") or "default")
+                             f"supported: {sorted(_BACKENDS)}")
         tokens = list(f["tokenizer.ggml.tokens"])
         types = list(f.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-        added = {i for i, t in enumerate(types) if t in (3, 4)}
-        vocab = {}
-        for i, tok in enumerate(tokens):  # added tokens keep their raw spelling so they map to their own id
-            if i not in added and not set(tok) <= _ALPHABET:
-                tok = "".join(_BYTE_SPELLING[b] for b in tok.encode("utf-8"))
-            vocab.setdefault(tok, i)
-        merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges") or []]
-        backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-        backend.pre_tokenizer = pre
-        backend.decoder = decoders.ByteLevel()
-        backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True)
-                                    for i in sorted(added) if types[i] == 3])
-        backend.add_tokens([AddedToken(tokens[i], normalized=False, special=False)
-                            for i in sorted(added) if types[i] == 4])
+        backend = _BACKENDS[kind](f, tokens, types)
+        control = [tokens[i] for i, t in enumerate(types) if t == 3]
+        # A user-defined token the vocabulary spells differently (Gemma's runs of spaces) stays a BPE token.
+        user = [tokens[i] for i, t in enumerate(types) if t == 4 and backend.token_to_id(tokens[i]) is not None]
+        backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
 
         def get_id(key):
             v = f.get(f"tokenizer.ggml.{key}")
             return None if v is None else int(v)
 
         bos, eos = get_id("bos_token_id"), get_id("eos_token_id")
-        add_bos = bos is not None and bool(f.get("tokenizer.ggml.add_bos_token"))
+        # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise.
+        add_bos = bos is not None and bool(f.get("tokenizer.ggml.add_bos_token", kind == "llama"))
         add_eos = eos is not None and bool(f.get("tokenizer.ggml.add_eos_token"))
         if add_bos or add_eos:  # what `encode(..., add_special_tokens=True)` adds
-            b, e = (f"{tokens[bos]} " if add_bos else ""), (f" {tokens[eos]}" if add_eos else "")
-            special = dict(([(tokens[bos], bos)] if add_bos else []) + ([(tokens[eos], eos)] if add_eos else []))
-            backend.post_processor = processors.TemplateProcessing(
-                single=f"{b}$A{e}", pair=f"{b}$A{e} $B:1{e}", special_tokens=list(special.items()))
+            backend.post_processor = _bos_eos_processor(tokens, bos if add_bos else None, eos if add_eos else None)
         eos_ids = [i for i in (eos, get_id("eot_token_id"), get_id("eom_token_id")) if i is not None]
         return cls(backend, eos_token_ids=eos_ids, bos_token_id=bos, pad_token_id=get_id("padding_token_id"),
                    chat_template=f.get("tokenizer.chat_template"))
@@ -217,3 +289,12 @@ class Tokenizer:
             bos_token=self._token(self.bos_token_id) or "",
             eos_token=self._token(self.eos_token_ids[0] if self.eos_token_ids else None) or "", **kwargs)
         return self.encode(text) if tokenize else text
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """A user prompt as ids: through the chat template, as a user turn with the assistant's turn
+    opened; for a tokenizer without one (a base model, such as Gemma 3 270M) the text itself after
+    the tokenizer's BOS."""
+    if isinstance(tokenizer, Tokenizer) and not tokenizer.chat_template:
+        return tokenizer.encode(text, add_special_tokens=True)
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)

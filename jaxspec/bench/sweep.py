@@ -10,6 +10,7 @@ import time
 import jax
 
 from .. import paths
+from ..tokenizer import prompt_ids
 from .decoders import bench_decoders, generate_greedy, verify_costs
 from .inputs import EVAL_PROMPTS, drafter_memory, make_drafter, read_bandwidth, read_prompts, weight_bytes
 from .peer import bench_transformers
@@ -29,8 +30,7 @@ def run(model_name, *, prompt_file: str | None = None, num_prompts: int = 4, max
     model = load(model_name) if isinstance(model_name, str) else model_name     # a name, path or Model
     model_name = model_name if isinstance(model_name, str) else model.source
     texts = read_prompts(prompt_file, num_prompts, source)
-    ids = [model.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
-           for t in texts]
+    ids = [prompt_ids(model.tokenizer, t) for t in texts]
     made = {spec: make_drafter(spec, model) for spec in drafters}
     result = {"model": model_name, "backend": jax.default_backend(), "prompts": len(ids),
               "prompt_file": prompt_file or paths.prompt_file(EVAL_PROMPTS), "source": source, "max_new_tokens": max_new_tokens,

@@ -41,7 +41,9 @@ def truncated(model: Model, num_layers: int) -> Model:
     """The first num_layers decoder layers of `model` with its final norm and head: a cheap drafter."""
     if not 1 <= num_layers <= model.config.num_layers:
         raise ValueError(f"num_layers must lie in [1, {model.config.num_layers}], got {num_layers}")
-    cfg = dataclasses.replace(model.config, num_layers=num_layers)
+    local = tuple(i for i in model.config.local_layers if i < num_layers)
+    cfg = dataclasses.replace(model.config, num_layers=num_layers, local_layers=local,
+                              sliding_window=model.config.sliding_window if local else 0)
     layers = model.params["layers"]
     layers = layers[:num_layers] if isinstance(layers, tuple) else \
         jax.tree_util.tree_map(lambda a: a[:num_layers], layers)

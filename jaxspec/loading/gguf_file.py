@@ -1,4 +1,4 @@
-"""Read a Llama/Qwen2 GGUF file: config, dequantized float params and tokenizer."""
+"""Read a Llama, Qwen2 or Gemma 3 GGUF file: config, dequantized float params and tokenizer."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,9 @@ from .weights import assemble_params
 
 _LAYER_NAMES = {"attn_norm": "attn_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v",
                 "o": "attn_output", "bq": "attn_q", "bk": "attn_k", "bv": "attn_v",
-                "mlp_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+                "mlp_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down",
+                "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "post_attn_norm": "post_attention_norm",
+                "post_mlp_norm": "post_ffw_norm"}      # the last four: Gemma 3 (norms stored as 1 + w)
 _GLOBAL_NAMES = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 
 

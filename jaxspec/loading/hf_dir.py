@@ -22,6 +22,13 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm.weight", "q": "self_attn.q_proj.we
                 "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight"}
 _GLOBAL_NAMES = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight",
                  "lm_head": "lm_head.weight"}
+# Gemma 3 names its norms after where they sit: post_attention_layernorm follows attention (Llama's
+# comes before the MLP), and keeps each norm's weight as w in (1 + w)
+_GEMMA3_NAMES = {**_LAYER_NAMES, "mlp_norm": "pre_feedforward_layernorm.weight",
+                 "post_attn_norm": "post_attention_layernorm.weight",
+                 "post_mlp_norm": "post_feedforward_layernorm.weight", "q_norm": "self_attn.q_norm.weight",
+                 "k_norm": "self_attn.k_norm.weight"}
+_NORMS = ("norm", "attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm")
 
 
 def load_hf_dir(path: str, dtype):
@@ -42,9 +49,16 @@ def load_hf_dir(path: str, dtype):
         for file in files:
             where.update(_tensor_readers(file, stack))
 
+        names = _GEMMA3_NAMES if cfg.gemma else _LAYER_NAMES
+
         def read(name, layer):
-            key = _GLOBAL_NAMES[name] if layer is None else f"model.layers.{layer}.{_LAYER_NAMES[name]}"
-            return np.asarray(where[key](), np.float32) if key in where else None
+            key = _GLOBAL_NAMES[name] if layer is None else f"model.layers.{layer}.{names[name]}"
+            if key not in where and cfg.gemma:                    # a multimodal checkpoint's text model
+                key = key.replace("model.", "model.language_model.", 1)
+            if key not in where:
+                return None
+            t = np.asarray(where[key](), np.float32)
+            return t + 1.0 if cfg.gemma and name in _NORMS else t
 
         params = assemble_params(cfg, read, dtype)
     return cfg, params, Tokenizer.from_hf_dir(path)

@@ -10,7 +10,7 @@ from ..config import ModelConfig
 
 # A reader returns one tensor in Hugging Face / torch layout (Linear weights are [out, in]),
 # or None when absent. Canonical names: embed, norm, lm_head and per layer attn_norm, q, k, v,
-# o, bq, bk, bv, mlp_norm, gate, up, down.
+# o, bq, bk, bv, mlp_norm, gate, up, down (Gemma 3: q_norm, k_norm, post_attn_norm, post_mlp_norm).
 Reader = Callable[[str, Optional[int]], Optional[np.ndarray]]
 
 
@@ -47,6 +47,9 @@ def assemble_params(cfg: ModelConfig, read: Reader, dtype=jnp.float32) -> dict:
         "w_up": per_layer("up", (F, E), lambda t: t.T),
         "w_down": per_layer("down", (E, F), lambda t: t.T),
     }
+    if cfg.gemma:                              # norm weights as the factor they multiply by (1 + w)
+        layers.update({name: per_layer(name, (D,), lambda t: t) for name in ("q_norm", "k_norm")})
+        layers.update({name: per_layer(name, (E,), lambda t: t) for name in ("post_attn_norm", "post_mlp_norm")})
     if cfg.qkv_bias:
         layers["bq"] = per_layer("bq", (H * D,), lambda t: t.reshape(H, D))
         layers["bk"] = per_layer("bk", (G * D,), lambda t: t.reshape(G, D))

@@ -1,4 +1,5 @@
-"""Llama-family decoder (SmolLM2, Llama 2/3, Mistral, Qwen2) as pure functions.
+"""Llama-family decoder (SmolLM2, Llama 2/3, Mistral, Qwen2) as pure functions; Gemma 3 differs in
+its layer (models/gemma.py) and shares the rest.
 
 Params pytree:
   embed [V, E]; norm [E]; lm_head [E, V] (absent when tied to embed)
@@ -6,6 +7,7 @@ Params pytree:
           L axis (init_params, models under training: run by lax.scan). Per layer:
           attn_norm [E], wq [E, H, D], wk/wv [E, G, D], wo [H, D, E],
           (bq [H, D], bk/bv [G, D] with qkv_bias), mlp_norm [E], w_gate/w_up [E, F], w_down [F, E]
+          (Gemma 3 adds q_norm/k_norm [D], post_attn_norm/post_mlp_norm [E])
 Why two layouts: inside a compiled decode loop, scanning stacked weights makes XLA CPU copy each
 layer's slice before use (measured: batch-1 SmolLM2 step 105 ms stacked vs 55 ms per-layer, with a
 64-slot cache); per-layer arrays are read in place. Scanning keeps compile time low for training.
@@ -42,6 +44,12 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
 
 
+def window_mask(pos: jax.Array, capacity: int, window: int) -> jax.Array:
+    """bool[B, T, S]: the slots a sliding-window query at position pos[B, T] may see: the last
+    `window` positions, itself included (slot s > p - window; a slot is its key's position)."""
+    return jnp.arange(capacity, dtype=jnp.int32)[None, None, :] > pos[:, :, None] - window
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention. q [B, T, H, D], k/v [B, S, G, D], mask bool[B, T, S] -> [B, T, H, D]."""
     B, T, H, D = q.shape
@@ -55,11 +63,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
 
 
 def attend_live(q: jax.Array, k: jax.Array, v: jax.Array, pos: jax.Array, live: jax.Array,
-                block: int = 64) -> jax.Array:
+                block: int = 64, window=0) -> jax.Array:
     """attend() with the causal mask of pos int32[B, T] over the first `live` slots only (traced
     int32: no query of interest sees past them), `block` slots at a time with a running softmax
     (Milakov & Gimelshein 2018, as in flash-decoding). The static cache has S slots; at batch 64 a
-    decode step that reads all of them spends most of its time on empty ones.
+    decode step that reads all of them spends most of its time on empty ones. window > 0 (int, or
+    traced): only the last `window` positions (window_mask).
     q [B, T, H, D], k/v [B, S, G, D] -> [B, T, H, D]."""
     B, T, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
@@ -74,6 +83,7 @@ def attend_live(q: jax.Array, k: jax.Array, v: jax.Array, pos: jax.Array, live: 
         vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=1)
         slot = start + jnp.arange(block, dtype=jnp.int32)
         seen = (slot[None, None, :] <= pos[:, :, None]) & (slot >= i * block)[None, None, :]   # [B, T, Sb]
+        seen &= (window <= 0) | (slot[None, None, :] > pos[:, :, None] - window)
         s = jnp.einsum("btgrd,bsgd->bgrts", qg, kb, preferred_element_type=jnp.float32) / jnp.sqrt(D)
         s = jnp.where(seen[:, None, None], s, low)
         m_new = jnp.maximum(m, s.max(-1))
@@ -91,28 +101,71 @@ def attend_live(q: jax.Array, k: jax.Array, v: jax.Array, pos: jax.Array, live: 
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D)
 
 
-def _block(cfg: ModelConfig, x, cache: KVCache, p, layer, pos, cos, sin, mask, live=None):
-    """One decoder layer on x [B, T, E]; writes this layer's keys/values into the cache. live: see
-    forward_hidden."""
-    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+def attention(cfg: ModelConfig, h, cache: KVCache, p, layer, pos, cos, sin, mask, live=None, window=0):
+    """Self-attention of normalised h [B, T, E] (before the output projection's residual add): q/k/v,
+    their norms (Gemma 3: q_norm, k_norm), RoPE, this layer's keys/values written into the cache,
+    attention over the cache (mask, or attend_live). -> (out [B, T, E], cache)."""
     q = einsum("bte,ehd->bthd", h, p["wq"])
     k = einsum("bte,egd->btgd", h, p["wk"])
     v = einsum("bte,egd->btgd", h, p["wv"])
     if cfg.qkv_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    if "q_norm" in p:
+        q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if abs(cfg.scale * cfg.head_dim ** 0.5 - 1.0) > 1e-12:     # attend() scales by 1 / sqrt(D)
+        q = q * jnp.asarray(cfg.scale * cfg.head_dim ** 0.5, q.dtype)
     cache = write_layer(cache, layer, k, v, pos)
     if live is None:
         attn = attend(q, cache.k[layer], cache.v[layer], mask)
     else:
-        attn = attend_live(q, cache.k[layer], cache.v[layer], pos, live)
+        attn = attend_live(q, cache.k[layer], cache.v[layer], pos, live, window=window)
     B, T, H, D = attn.shape            # contract (h, d) as one axis: XLA CPU runs the 2-axis einsum 4x slower
-    x = x + einsum("btk,ke->bte", attn.reshape(B, T, H * D), p["wo"].reshape(H * D, -1))
-    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    return einsum("btk,ke->bte", attn.reshape(B, T, H * D), p["wo"].reshape(H * D, -1)), cache
+
+
+def mlp(h, p, activation=jax.nn.silu):
+    """The gated MLP of normalised h [B, T, E]: down(activation(gate h) * up h)."""
     gate = einsum("bte,ef->btf", h, p["w_gate"])
     up = einsum("bte,ef->btf", h, p["w_up"])
-    x = x + einsum("btf,fe->bte", jax.nn.silu(gate) * up, p["w_down"])
-    return x, cache
+    return einsum("btf,fe->bte", activation(gate) * up, p["w_down"])
+
+
+def _block(cfg: ModelConfig, x, cache: KVCache, p, layer, pos, cos, sin, mask, live=None, window=0):
+    """One decoder layer on x [B, T, E]; writes this layer's keys/values into the cache. live: see
+    forward_hidden."""
+    out, cache = attention(cfg, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), cache, p, layer, pos, cos, sin,
+                           mask, live, window)
+    x = x + out
+    return x + mlp(rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps), p), cache
+
+
+def _layer_kinds(cfg: ModelConfig, rope_pos, mask, capacity: int) -> tuple:
+    """(cos, sin, mask, window) of the global layers, and of the local (sliding-window) layers when
+    the model has them (Gemma 3: their own RoPE base, and the window on top of the mask)."""
+    glob = (*rope_angles(rope_pos, cfg.head_dim, cfg.rope_theta), mask, 0)
+    if not cfg.local_layers:
+        return (glob,)
+    local = (*rope_angles(rope_pos, cfg.head_dim, cfg.rope_local_theta),
+             mask & window_mask(rope_pos, capacity, cfg.sliding_window), cfg.sliding_window)
+    return glob, local
+
+
+def _kind_of(cfg: ModelConfig, kinds: tuple, layer):
+    """Layer `layer`'s (cos, sin, mask, window): by its static index, or chosen by a traced one (scan)."""
+    if len(kinds) == 1:
+        return kinds[0]
+    if isinstance(layer, int):
+        return kinds[1] if layer in cfg.local_layers else kinds[0]
+    local = jnp.asarray([i in cfg.local_layers for i in range(cfg.num_layers)])[layer]
+    return tuple(jnp.where(local, b, a) for a, b in zip(*kinds))
+
+
+def _block_of(cfg: ModelConfig):
+    if cfg.gemma:
+        from .gemma import gemma_block
+        return gemma_block
+    return _block
 
 
 def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
@@ -139,14 +192,18 @@ def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
         raise ValueError("a tree pass reads every slot (live must be None)")
     else:
         rope_pos, mask = tree
-    cos, sin = rope_angles(rope_pos, cfg.head_dim, cfg.rope_theta)
+    kinds = _layer_kinds(cfg, rope_pos, mask, cache.capacity)
     x = params["embed"][tokens]
+    if cfg.gemma:
+        x = x * jnp.asarray(cfg.hidden_size ** 0.5, x.dtype)
+    block = _block_of(cfg)
     collect = bool(hidden_layers)
 
     def step(carry, xs):
         x, cache = carry
         p, layer = xs
-        x, cache = _block(cfg, x, cache, p, layer, pos, cos, sin, mask, live)
+        cos, sin, mask, window = _kind_of(cfg, kinds, layer)
+        x, cache = block(cfg, x, cache, p, layer, pos, cos, sin, mask, live, window)
         return (x, cache), (x if collect else None)
 
     layers = params["layers"]
@@ -160,7 +217,7 @@ def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
     else:                                                          # per-layer: unrolled
         stream = [x]                                               # residual stream, L+1 entries
         for i, p in enumerate(layers):
-            x, cache = _block(cfg, x, cache, p, i, pos, cos, sin, mask, live)
+            (x, cache), _ = step((x, cache), (p, i))
             stream.append(x)
         if collect:
             hidden = jnp.stack([stream[j] for j in hidden_layers])
@@ -223,6 +280,9 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: floa
               for k, (name, shape) in zip(keys, shapes.items())}
     layers["attn_norm"] = jnp.ones((L, E), dtype)
     layers["mlp_norm"] = jnp.ones((L, E), dtype)
+    if cfg.gemma:
+        layers.update(q_norm=jnp.ones((L, D), dtype), k_norm=jnp.ones((L, D), dtype),
+                      post_attn_norm=jnp.ones((L, E), dtype), post_mlp_norm=jnp.ones((L, E), dtype))
     params = {"embed": (scale * jax.random.normal(keys[-2], (V, E))).astype(dtype),
               "norm": jnp.ones((E,), dtype), "layers": layers}
     if not cfg.tie_word_embeddings:
