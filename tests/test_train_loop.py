@@ -304,3 +304,18 @@ def test_shards_restrict_training_to_the_chosen_data_shards(tiny_data, tmp_path,
     assert described["shards"] == [names[1]] and described["examples"] == len(seqs) < data.summary(data_dir)["examples"]
     assert described["answer_tokens"] == sum(len(s) - p for s, p in zip(seqs, plens))
     assert TRAINERS[kind][2].load(str(tmp_path / kind)).metadata.data == described
+
+
+def test_a_run_resumes_after_the_model_config_gains_fields_at_their_defaults():
+    """A run's settings recorded before ModelConfig gained fields (Gemma 3's) still match; a changed
+    field does not."""
+    import dataclasses
+
+    from jaxspec.config import ModelConfig
+    from train.loop import settings_changed
+    cfg = dataclasses.asdict(ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
+                                         num_heads=4, num_kv_heads=2, head_dim=8))
+    recorded = {k: v for k, v in cfg.items() if k not in ("local_layers", "sliding_window", "rope_local_theta",
+                                                          "query_scale")}
+    assert settings_changed({"config": recorded, "train": {"steps": 10}}, {"config": cfg, "train": {"steps": 10}}) == []
+    assert settings_changed({"config": recorded}, {"config": {**cfg, "local_layers": (0,)}}) == ["config"]

@@ -117,12 +117,23 @@ BOOKKEEPING = ("save_every", "eval_every", "log_every")     # may change when a 
 
 def settings_changed(old: dict, new: dict) -> list[str]:
     """The keys whose values differ between two runs' settings, ignoring how often a run saves, evaluates
-    and logs (those do not change its schedule)."""
+    and logs (those do not change its schedule), and fields a model config gained after the run
+    started while they hold their defaults."""
     def schedule(settings):
+        settings = {k: _with_config_defaults(v) for k, v in json.loads(json.dumps(settings)).items()}
         train = {k: v for k, v in settings.get("train", {}).items() if k not in BOOKKEEPING}
         return {**settings, "train": train} if "train" in settings else settings
     old, new = schedule(old), schedule(new)
     return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def _with_config_defaults(value):
+    """A ModelConfig's fields as a settings dict, the fields it lacks at their defaults (as JSON holds them)."""
+    from jaxspec.config import ModelConfig
+    fields = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+    if not isinstance(value, dict) or not {"vocab_size", "num_layers", "hidden_size"} <= set(value):
+        return value
+    return {**json.loads(json.dumps(fields)), **value}
 
 
 class Run:
