@@ -37,16 +37,13 @@ class _Printer:
     answer so far, so pieces of a character or a word wait for the rest)."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.tokens, self.shown, self.first_s = tokenizer, [], "", None
-        self.started = time.perf_counter()
+        self.tokenizer, self.tokens, self.shown = tokenizer, [], ""
 
     def __call__(self, rows: list) -> None:
         self.tokens += rows[0]
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         if text.endswith("\ufffd") or not text.startswith(self.shown):
             return
-        if len(text) > len(self.shown) and self.first_s is None:
-            self.first_s = time.perf_counter() - self.started
         sys.stdout.write(text[len(self.shown):])
         sys.stdout.flush()
         self.shown = text

@@ -1,7 +1,8 @@
 """Step costs for the adaptive policy: steps with each arm (a K, or a tree), timed against plain
 target steps in the same process, in plain steps (policy.py turns them into the choice of K). The
-timing runs the programs the generation itself runs (generation.py: the speculative loop with its arm
-forced and a step limit, the plain loop with a step limit), so it compiles nothing of its own, and
+timing runs the program the generation itself runs (generation.py: the speculative loop with its arm
+forced and a step limit; plain steps are its K = 0 arm with the drafter's sync off, or the plain loop
+when a fixed K has no K = 0 arm), so it compiles nothing of its own, and
 a step's cost includes what the loop does around it (the policy's choice, the drafter's bookkeeping).
 
 Like an autotuning cache, a measurement is kept for the process and in a file
@@ -106,7 +107,8 @@ def per_step(prepare, steps: int):
     """A timer for measure_costs: prepare(n) -> a call that runs a compiled loop for n steps (its
     arguments, a fresh cache among them, made before the clock starts). -> a function that times one
     call of `steps` steps and returns the seconds per step. The loop's entry and exit are counted in
-    (a drafter's set-up over the prompt: under 1% of 6 steps of SmolLM2 at batch 1)."""
+    (a drafter's set-up over the prompt: not measured apart, one pass of a head against 4 target
+    steps)."""
     def seconds() -> float:
         call = prepare(steps)
         t = time.perf_counter()

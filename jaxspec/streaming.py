@@ -48,10 +48,15 @@ def opened(on_tokens: Optional[OnTokens]):
             _OPEN.pop(stream_id, None)
 
 
+def _open_stream(stream_id):
+    """The open stream of that id, or None."""
+    with _LOCK:
+        return _OPEN.get(int(stream_id))
+
+
 def _receive(stream_id, step, tokens, counts) -> None:
     """Host side of send: tokens int32[B, P], counts int32[B] -> on_tokens, in step order."""
-    with _LOCK:
-        stream = _OPEN.get(int(stream_id))
+    stream = _open_stream(stream_id)
     if stream is None:
         return
     tokens, counts = np.asarray(tokens), np.asarray(counts)
@@ -69,7 +74,6 @@ def send(stream_id: jax.Array, step: jax.Array, tokens: jax.Array, counts: jax.A
 
 def deliver(stream_id: int, rows: list) -> None:
     """From the host, outside any loop: the prompts' pass's first token per row, as step -1 would."""
-    with _LOCK:
-        stream = _OPEN.get(int(stream_id))
+    stream = _open_stream(stream_id)
     if stream is not None:
         stream.on_tokens(rows)
