@@ -125,11 +125,13 @@ def test_sampled_speculation_on_a_windowed_gemma_keeps_the_target_law():
 # ---- the real Gemma 3 270M (Q4_K_M GGUF from PyPI: the `gemma` extra) against transformers on the same file
 
 GEMMA = "gemma-3-270m"
-# Past the window the logits drift further than the issue's 2e-3: 1.2e-2 at most over the last 32 of
-# the 740-token prompt (1e-4 up to position 384). Window 511 or 513 instead of 512 gives 1.5-6, so the
-# window is right; transformers' own eager and sdpa paths differ by 1.4e-3 there; the residual stream
-# reaches 1e5 in the middle layers. Not yet explained: the test holds the figure measured.
-LONG_TOLERANCE = 2e-2
+# Past the window two float32 implementations part further than the issue's 2e-3: on the 740-token
+# prompt ours and transformers' differ by 1.2e-2 over the last 32 positions, yet each is 5-7e-3 from a
+# float64 reference (transformers with its norms, RoPE and embedding scale in float64, which it
+# otherwise computes in float32; ours in float64 equals it to 6e-12). The model amplifies 1e-7 rounding
+# to 1e-2 in the logits at a few positions whose residual stream reaches 1e4-1e5. So the long prompt is
+# held to float64: our float32 error at most 1.5x transformers' own.
+FLOAT64_RATIO = 1.5
 TEXTS = ["The capital of France is",
          " ".join(f"Step {i}: add {i} apples to the basket, then count them again." for i in range(1, 14)),
          "\n".join(f"def f{i}(x):\n    return x * {i} + {i % 7}" for i in range(40))]
@@ -148,6 +150,35 @@ def gemma_pair():
     return ours, hf, path
 
 
+def _transformers_float64_logits(path: str, row: list[int]) -> np.ndarray:
+    """The last 32 positions' logits of transformers' Gemma 3 in float64 throughout: its RMSNorm,
+    RoPE angles and embedding scale run in float32 even in a float64 model, so they are replaced for
+    this call; sdpa attention (eager's softmax is float32 too)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.gemma3 import modeling_gemma3 as gemma3
+
+    def norm64(self, x):
+        return (self._norm(x.double()) * (1.0 + self.weight.double())).type_as(x)
+
+    def rope64(self, x, position_ids, layer_type):
+        theta = self.config.rope_parameters[layer_type]["rope_theta"]
+        D = self.config.head_dim
+        angles = position_ids[..., None].double() / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    folder, name = path.rsplit("/", 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gemma3.Gemma3RMSNorm, "forward", norm64)
+        patch.setattr(gemma3.Gemma3RotaryEmbedding, "forward", rope64)
+        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64,
+                                                  attn_implementation="sdpa").eval()
+        embed = hf.model.embed_tokens
+        embed.embed_scale = torch.tensor(embed.scalar_embed_scale, dtype=torch.float64)
+        with torch.no_grad():
+            return hf(torch.tensor([row])).logits[0, -32:].numpy()
+
+
 @pytest.mark.slow
 def test_gemma_270m_logits_and_greedy_tokens_match_transformers(gemma_pair):
     ours, hf, _ = gemma_pair
@@ -158,11 +189,16 @@ def test_gemma_270m_logits_and_greedy_tokens_match_transformers(gemma_pair):
     ids = [ours.tokenizer.encode(t, add_special_tokens=True) for t in TEXTS]
     assert [len(i) for i in ids][0] < 16 and 200 <= len(ids[1]) <= 260 and len(ids[2]) > 600   # past the window
     same = 0
-    for row, tolerance in zip(ids, (2e-3, 2e-3, LONG_TOLERANCE)):
+    for row in ids:
         with torch.no_grad():
             ref = hf(torch.tensor([row])).logits[0, -32:].numpy()
         got = np.asarray(ours.logits([row]))[0, -32:]
-        assert np.abs(got - ref).max() <= tolerance, (len(row), float(np.abs(got - ref).max()))
+        if len(row) < cfg.sliding_window:
+            assert np.abs(got - ref).max() <= 2e-3, (len(row), float(np.abs(got - ref).max()))
+        else:
+            exact = _transformers_float64_logits(gemma_pair[2], row)
+            ours_err, theirs_err = np.abs(got - exact).max(), np.abs(ref - exact).max()
+            assert ours_err <= FLOAT64_RATIO * theirs_err, (len(row), float(ours_err), float(theirs_err))
         with torch.no_grad():
             want = hf.generate(torch.tensor([row]), max_new_tokens=32, do_sample=False)[0, len(row):].tolist()
         same += jaxspec.generate(ours, [row], max_new_tokens=32).tokens[0] == want[:32]
