@@ -20,8 +20,8 @@ from . import policy, rowwise, sharding, streaming
 from .cache import KVCache
 from .config import ModelConfig
 from .costs import cost_key, measure_costs, per_step
-from .decode.batch import (LIVE_ATTENTION_MIN_BATCH, check_capacity, check_drafter, check_limits, check_prompts,
-                           check_tree, padded_batch, tree_slots)
+from .decode.batch import (check_capacity, check_drafter, check_limits, check_prompts,
+                           check_tree, padded_batch, tree_slots, use_live_attention)
 from .decode.plain import autoregressive
 from .decode.prefill import prefill
 from .decode.programs import compiled
@@ -299,7 +299,7 @@ def _prepare(model, prompts, max_new_tokens, sampling, drafter, num_draft_tokens
     ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
     if tree is not None:
         ks = ks + (tree,) if adaptive else (tree,)
-    batch = Batch(tokens, lengths, limits, cache, params_s, eos_ids, N, B >= LIVE_ATTENTION_MIN_BATCH)
+    batch = Batch(tokens, lengths, limits, cache, params_s, eos_ids, N, use_live_attention(B, cache.capacity))
     return model, batch, ks, jax.random.PRNGKey(seed)
 
 

@@ -94,7 +94,7 @@ def test_live_attention_equals_attention_over_every_slot():
     """attend_live reads only the first `live` slots in blocks with a running softmax; the rows it
     serves get what attention over all S slots gives (the last block shifted back to fit in S)."""
     from jaxspec.cache import attention_mask
-    from jaxspec.models.llama import attend, attend_live
+    from jaxspec.models.llama import attend, attend_live, window_mask
     for B, T, S, block in [(3, 1, 20, 8), (2, 4, 37, 16), (4, 2, 64, 128), (2, 1, 10, 4)]:
         q, k, v = (jax.random.normal(jax.random.PRNGKey(i), shape) for i, shape in
                    enumerate([(B, T, 4, 8), (B, S, 2, 8), (B, S, 2, 8)]))
@@ -102,6 +102,10 @@ def test_live_attention_equals_attention_over_every_slot():
         pos = length[:, None] + jnp.arange(T)[None]
         full = attend(q, k, v, attention_mask(pos, S))
         np.testing.assert_allclose(attend_live(q, k, v, pos, jnp.max(length) + T, block), full, atol=1e-5)
+        for window in (3, 9):              # sliding window: blocks older than every query's window skipped
+            windowed = attend(q, k, v, attention_mask(pos, S) & window_mask(pos, S, window))
+            np.testing.assert_allclose(attend_live(q, k, v, pos, jnp.max(length) + T, block, window), windowed,
+                                       atol=1e-5)
     # through the model: a 300-slot cache (5 blocks of 64, the last shifted), rows of different lengths
     m = tiny_model()
     cache = forward(m.params, _ids(10, (2, 150)), init_cache(CFG, 2, 300), CFG)[2]

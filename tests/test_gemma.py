@@ -74,9 +74,10 @@ def test_tiny_gemma_logits_match_transformers_past_the_window(tiny_pair):
     assert np.abs(np.asarray(windowless.logits(ids)) - ref)[:, WINDOW:].max() > 1e-2   # the window matters
 
 
-def test_tiny_gemma_decodes_as_transformers_greedy_batch_1_and_8(tiny_pair):
+def test_tiny_gemma_decodes_as_transformers_greedy_batch_1_and_8(tiny_pair, monkeypatch):
     """The cache path: prefill, then one token per step past the window, against transformers' full
-    passes; batch 8 reads the cache by blocks (attend_live) with the window inside them."""
+    passes; batch 8 (and batch 1 over a long cache, here any) reads the cache by blocks (attend_live)
+    with the window inside them."""
     hf, ours = tiny_pair
     prompts = [[5, 9, 13, 2], [7] * 11, [3, 1, 4, 1, 5, 9, 2, 6]]
     for prompt in prompts:
@@ -85,6 +86,9 @@ def test_tiny_gemma_decodes_as_transformers_greedy_batch_1_and_8(tiny_pair):
             for _ in range(20):
                 ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
         assert jaxspec.generate(ours, [prompt], max_new_tokens=20).tokens[0] == ids[len(prompt):]
+        with monkeypatch.context() as patch:
+            patch.setattr("jaxspec.decode.batch.LIVE_ATTENTION_MIN_SLOTS", 1)
+            assert jaxspec.generate(ours, [prompt], max_new_tokens=20).tokens[0] == ids[len(prompt):]
     batch = (prompts * 3)[:8]
     assert jaxspec.generate(ours, batch, max_new_tokens=20).tokens == \
         [jaxspec.generate(ours, [p], max_new_tokens=20).tokens[0] for p in batch]
@@ -102,6 +106,11 @@ def test_speculative_greedy_on_a_windowed_model_is_lossless(tiny_pair):
     tree = jaxspec.generate(ours, prompts, max_new_tokens=30, drafter=NGram(), num_draft_tokens=3,
                             adaptive=False, tree=jaxspec.Tree(8, 3, 2))
     assert tree.tokens == plain
+    with pytest.MonkeyPatch.context() as patch:        # batch 1 over a long cache: attend_live
+        patch.setattr("jaxspec.decode.batch.LIVE_ATTENTION_MIN_SLOTS", 1)
+        for row, want in zip(prompts, plain):
+            out = jaxspec.generate(ours, [row], max_new_tokens=30, drafter=NGram(), num_draft_tokens=3, adaptive=False)
+            assert out.tokens[0] == want
 
 
 def test_sampled_speculation_on_a_windowed_gemma_keeps_the_target_law():

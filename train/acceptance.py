@@ -5,6 +5,8 @@ import os
 
 import numpy as np
 
+from jaxspec.tokenizer import prompt_ids
+
 from .data import read_manifest
 from .prompts import pool_file, read_prompt_file
 
@@ -23,8 +25,7 @@ def heldout_prompts(model, data_dir: str, prompts_dir: str, limit: int) -> list[
     for pool, _ in chosen:
         if pool_file(pool) not in texts:
             texts[pool_file(pool)] = read_prompt_file(os.path.join(prompts_dir, pool_file(pool)))
-    return [model.tokenizer.apply_chat_template([{"role": "user", "content": texts[pool_file(pool)][i]}],
-                                                add_generation_prompt=True) for pool, i in chosen]
+    return [prompt_ids(model.tokenizer, texts[pool_file(pool)][i]) for pool, i in chosen]
 
 
 def acceptance(model, drafter, prompts: list[list[int]], max_new_tokens: int = 64, num_draft_tokens: int = 5,

@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+from jaxspec.tokenizer import prompt_ids
+
 from .data import iter_examples, read_pool_index, read_shard, shard_names, shard_pools
 from .vocab import draft_vocabulary
 
@@ -44,8 +46,7 @@ def eval_answers(model, eval_path: str, per_source: int = 20, max_new_tokens: in
     answers = {}
     for source in sources:
         texts = read_prompts(eval_path, per_source, source)
-        ids = [model.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
-               for t in texts]
+        ids = [prompt_ids(model.tokenizer, t) for t in texts]
         answers[source] = generate(model, ids, max_new_tokens=max_new_tokens).tokens
     if cache_path:
         os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)

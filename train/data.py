@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxspec import paths
+from jaxspec.tokenizer import prompt_ids
 
 from .prompts import DEFAULT_DIR, parse_mix, pool_file, pool_orders, read_prompt_file, stream
 
@@ -210,8 +211,7 @@ def _make_shard(model, writer, shard: list, texts: dict, settings: dict, number:
     batch_size, temperature = settings["batch_size"], settings["temperature"]
     start, rows, answer_tokens = time.perf_counter(), [], 0
     n_sampled = int(round(settings["sampled_fraction"] * len(shard)))
-    encoded = [(pool, int(i), model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": texts[pool_file(pool)][i]}], add_generation_prompt=True),
+    encoded = [(pool, int(i), prompt_ids(model.tokenizer, texts[pool_file(pool)][i]),
         r >= len(shard) - n_sampled) for r, (pool, i) in enumerate(shard)]
     kept = [e for e in encoded if len(e[2]) <= settings["max_prompt_tokens"]]
     for is_sampled in (False, True):

@@ -68,7 +68,8 @@ def attend_live(q: jax.Array, k: jax.Array, v: jax.Array, pos: jax.Array, live: 
     int32: no query of interest sees past them), `block` slots at a time with a running softmax
     (Milakov & Gimelshein 2018, as in flash-decoding). The static cache has S slots; at batch 64 a
     decode step that reads all of them spends most of its time on empty ones. window > 0 (int, or
-    traced): only the last `window` positions (window_mask).
+    traced): only the last `window` positions (window_mask), and blocks older than every query's
+    window are skipped.
     q [B, T, H, D], k/v [B, S, G, D] -> [B, T, H, D]."""
     B, T, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
@@ -96,8 +97,9 @@ def attend_live(q: jax.Array, k: jax.Array, v: jax.Array, pos: jax.Array, live: 
     R = H // G
     carry = (jnp.full((B, G, R, T), low), jnp.zeros((B, G, R, T)), jnp.zeros((B, G, R, T, D)))
     blocks = jnp.clip((live + block - 1) // block, 1, -(-S // block))
-    _, l, acc = jax.lax.fori_loop(0, blocks, one_block, carry)
-    out = (acc / l[..., None]).astype(v.dtype)                # every query sees slot 0: l > 0
+    first = jnp.where(window > 0, jnp.maximum(jnp.min(pos) - window + 1, 0) // block, 0)   # older: out of every window
+    _, l, acc = jax.lax.fori_loop(jnp.minimum(first, blocks - 1), blocks, one_block, carry)
+    out = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(v.dtype)   # l = 0: a finished row past live
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D)
 
 
