@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxspec import paths
+from jaxspec.shards import read_shard, shard_names  # noqa: F401 (train.data's readers)
 from jaxspec.tokenizer import prompt_ids
 
 from .prompts import DEFAULT_DIR, parse_mix, pool_file, pool_orders, read_prompt_file, stream
@@ -266,28 +267,6 @@ def select_shards(data_dir: str, spec: str) -> list[str]:
     if not chosen:
         raise ValueError(f"--shards {spec!r} names no shard")
     return chosen
-
-
-def shard_names(data_dir: str) -> list[str]:
-    """The complete data shards in `data_dir`, in order."""
-    if not os.path.isdir(data_dir):
-        raise ValueError(f"data folder not found: {data_dir}")
-    names = sorted(f for f in os.listdir(data_dir) if f.startswith("shard-") and f.endswith(".npz")
-                   and ".tmp" not in f)
-    if not names:
-        raise ValueError(f"{data_dir} holds no data shards: run `jaxspec train data` first")
-    return names
-
-
-def read_shard(data_dir: str, name: str) -> tuple[list[np.ndarray], list[int]]:
-    """-> (token ids int32[T] per example, prompt length per example)."""
-    try:
-        with np.load(os.path.join(data_dir, name)) as z:
-            tokens, lengths, plens = z["tokens"], z["lengths"], z["prompt_lengths"]
-    except Exception as e:
-        raise ValueError(f"cannot read data shard {name} in {data_dir}: {e}") from e
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
-    return [tokens[s:s + n].astype(np.int32) for s, n in zip(starts, lengths)], [int(p) for p in plens]
 
 
 def iter_examples(data_dir: str, names: list[str] | None = None) -> Iterator[tuple[np.ndarray, int]]:

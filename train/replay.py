@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from jaxspec import shards
 from jaxspec.drafters import NGram, Suffix, SuffixConfig, suffix_store
 from jaxspec.replay import replay
 
@@ -45,7 +46,7 @@ def make_replay_drafter(spec: str, store: suffix_store.SuffixStore):
 def run_replay(data_dir: str, test_spec: str, store_spec: str, drafters: list[str], k: int) -> dict:
     """Mean accepted length per (pool, drafter) at K = k, with the store's size and build time."""
     t0 = time.perf_counter()
-    store = suffix_store.build(suffix_store.data_answers(data_dir, select_shards(data_dir, store_spec)))
+    store = suffix_store.build(shards.answers(data_dir, select_shards(data_dir, store_spec)))
     result = {"data": data_dir, "test_shards": test_spec, "store_shards": store_spec, "k": k,
               "store_tokens": store.size, "store_mib": round(store.nbytes / 2**20, 1),
               "store_build_seconds": round(time.perf_counter() - t0, 2), "pools": {}}

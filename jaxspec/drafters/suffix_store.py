@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .. import paths
+from .. import paths, shards
 
 SEP = -1             # after every answer; sorts before every token id
 SORT_DEPTH = 64      # suffixes are in order by this many tokens: matched length + drafts must fit in it
@@ -98,21 +98,6 @@ def build(sequences: list, max_tokens: int | None = None, capacity: int | None =
     return SuffixStore(tokens, padded, size, len(sa), max_tokens or capacity, seqs)
 
 
-def data_answers(data_dir: str, names: list[str] | None = None) -> list[np.ndarray]:
-    """The answers (tokens after each prompt) of the shards `names` (default: all) of a `jaxspec train
-    data` folder."""
-    names = names or sorted(n for n in os.listdir(data_dir) if n.startswith("shard-") and n.endswith(".npz"))
-    if not names:
-        raise ValueError(f"{data_dir} holds no data shards (shard-*.npz)")
-    answers = []
-    for name in names:
-        with np.load(os.path.join(data_dir, name)) as z:
-            tokens, lengths, prompt_lengths = z["tokens"], z["lengths"], z["prompt_lengths"]
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
-        answers += [tokens[s + p:s + n].astype(np.int32) for s, n, p in zip(starts, lengths, prompt_lengths)]
-    return answers
-
-
 def _data_key(data_dir: str) -> str:
     """A name for the store of a data folder: its shards' names, sizes and modification times."""
     h = hashlib.sha256(str(CACHE_VERSION).encode())
@@ -136,7 +121,7 @@ def from_data(data_dir: str, max_tokens: int | None = None) -> SuffixStore:
                                    list(answers))
         except (OSError, ValueError, KeyError):
             pass                                                    # rebuilt below
-    answers = data_answers(data_dir)
+    answers = shards.answers(data_dir)
     store = build(answers, max_tokens)
     os.makedirs(folder, exist_ok=True)
     tmp = path + ".tmp.npz"
