@@ -43,7 +43,7 @@ test-fast: install-dev
 
 # BENCHMARKS.md from the result files committed under benchmarks/ (tests/test_bench.py checks it is current)
 benchmarks: install-dev
-	$(BIN)/jaxspec bench --report $(sort $(wildcard benchmarks/*.json)) --out BENCHMARKS.md
+	$(BIN)/jaxspec bench --report $(sort $(wildcard benchmarks/*.json)) --out BENCHMARKS.md --readme README.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -211,6 +211,12 @@ def cmd_bench(args) -> int:
                 f.write(text)
         else:
             print(text)
+        if args.readme:
+            with open(args.readme) as f:
+                readme = f.read()
+            table = bench.glance(bench.read_results(args.report), DEFAULT_MODEL)
+            with open(args.readme, "w") as f:
+                f.write(bench.with_glance(readme, table))
         return 0
     bench_settings(args)
     drafters = [d for d in args.drafters.split(",") if d]
@@ -258,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--report", nargs="+", default=None, metavar="JSON",
                    help="write BENCHMARKS.md (to --out, else print it) from these result files: bench.json, "
                         "coverage.json of `train vocab`, scaling.json of `train scaling`; runs nothing")
+    b.add_argument("--readme", default=None, metavar="FILE",
+                   help="with --report: also write the default model's table at a glance into FILE (README.md) "
+                        "between its markers")
     b.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="accelerator: every drafter at K = 3, 5 and a 32-node tree, batch 1-128, greedy and 0.7, "
                         "128 prompts, into runs/accelerator (flags given override it)")

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from jaxspec import bench
+from jaxspec.bench.glance import GLANCE_BEGIN, GLANCE_END
 from jaxspec.drafters import NGram
 from jaxspec.sampling import Sampling
 
@@ -265,6 +266,36 @@ def test_benchmarks_md_is_generated_from_the_committed_results():
         assert r.get("date") and r.get("command") and r.get("machine"), f"{path} lacks its date, command or machine"
     with open(os.path.join(root, "BENCHMARKS.md")) as f:
         assert f.read() == bench.report(paths), "BENCHMARKS.md is stale: run `make benchmarks`"
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    table = bench.glance(bench.read_results(paths), "smollm2-135m-instruct")
+    assert "| suffix K=5 |" in table and bench.with_glance(readme, table) == readme, \
+        "README.md's table at a glance is stale: run `make benchmarks`"
+
+
+def test_the_table_at_a_glance_keeps_the_newest_batch_1_greedy_result_of_each_shipped_drafter():
+    def result(date, source, decoders, batch=1, temperature=0.0):
+        return (date, f"{date}-{source}.json", {
+            "model": "m", "source": source, "prompts": 8, "max_new_tokens": 128, "machine": "2 CPU cores",
+            "command": f"jaxspec bench --source {source}",
+            "runs": [{"batch": batch, "temperature": temperature,
+                      "decoders": {name: {"mean_accepted_length": mal, "speedup": x} for name, (mal, x) in decoders.items()}}]})
+    results = [result("2026-01-01", "code", {"plain": (1, 1), "eagle K=5": (1.2, 0.5), "eagle:runs/x K=5": (3, 3)}),
+               result("2026-01-02", "code", {"eagle K=5": (2.2, 1.5), "suffix tree N=32": (2.9, 0.8)}),
+               result("2026-01-03", "chat", {"eagle adaptive K<=5": (1.4, 1.1)}),
+               result("2026-01-04", "chat", {"eagle K=5": (9, 9)}, batch=4),
+               result("2026-01-04", "math", {"eagle K=5": (9, 9)}, temperature=0.7)]
+    table = bench.glance(results)
+    assert "| drafter | chat | code |" in table                         # batch 4 and sampled runs left out
+    assert "| eagle K=5 | - | 2.20, 1.50x [2] |" in table                 # the newest of the two
+    assert "| eagle adaptive K<=5 | 1.40, 1.10x [1] | - |" in table
+    assert "| suffix tree N=32 | - | 2.90, 0.80x [2] |" in table
+    assert "runs/x" not in table and "| plain |" not in table and "2026-01-01" not in table
+    assert "[1] 2026-01-03, 8 prompts, up to 128 new tokens, 2 CPU cores: `jaxspec bench --source chat`" in table
+    readme = f"# x\n\n{GLANCE_BEGIN}\nold\n{GLANCE_END}\nafter\n"
+    assert bench.with_glance(readme, "new") == f"# x\n\n{GLANCE_BEGIN}\nnew\n{GLANCE_END}\nafter\n"
+    with pytest.raises(ValueError, match="block"):
+        bench.with_glance("# no markers", "new")
 
 
 def test_bench_defaults_to_every_shipped_drafter_and_a_dated_results_folder():
