@@ -13,7 +13,7 @@ from jaxspec.drafters import MTP, DraftModel, Eagle
 from jaxspec.train import fallback, loop
 from jaxspec.train.draft import draft_setup
 from jaxspec.train.eagle import eagle_setup
-from jaxspec.train.joint import JointConfig, run_dir, train_heads
+from jaxspec.train.joint import JointConfig, evaluate_fallback, run_dir, train_heads
 from jaxspec.train.mtp import mtp_setup
 
 from .test_train_loop import DRAFT_SHAPE, LAYERS, tiny_data  # noqa: F401  (the fixture)
@@ -76,6 +76,35 @@ def test_a_run_whose_cache_is_gone_resumes_from_the_fallback(tiny_data, tmp_path
         assert [r["step"] for r in got] == [4, 5, 6], kind
         assert [r["lr"] for r in got] == [r["lr"] for r in ref[3:]], kind          # the schedule continues
         np.testing.assert_allclose(got[0]["loss"], ref[3]["loss"], rtol=2e-2, err_msg=kind)
+
+
+def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path, monkeypatch):  # noqa: F811
+    """evaluate_fallback: each head of the committed fallback at its step, measured by acceptance() with the
+    drafter its parameters make (the head the run wrote at that step, up to bfloat16), one line per call
+    in FALLBACK/curve.jsonl."""
+    import jax
+
+    from jaxspec.train import acceptance as measured
+    model, data_dir, _ = tiny_data
+    drafters = _run(model, data_dir, tmp_path, "curve", until=3)
+    cfg = JointConfig(name="curve", steps=6, lrs={"eagle": 3e-3, "mtp": 3e-3, "draft": 3e-3}, warmup=2,
+                      tokens_per_batch=512, save_every=2, log_every=1, rewarm=3, bf16=False)
+    prompts, seen = [[3, 4, 5, 6, 7, 8], [9, 8, 7, 6]], []
+    real = measured.acceptance
+    monkeypatch.setattr(measured, "acceptance", lambda m, d, p, n: seen.append(d) or real(m, d, p, n))
+    folder = str(tmp_path / "curve" / "fallback")
+    point = evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
+    assert point["step"] == 3 and point["written"] and len(seen) == 3
+    for kind, drafter in zip(KINDS, seen):
+        assert point[kind] == real(model, drafters[kind], prompts, 12), kind
+        pairs = zip(jax.tree.leaves(drafter.params_for(model)), jax.tree.leaves(drafters[kind].params_for(model)))
+        for got, want in pairs:
+            np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-6)
+    evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
+    lines = [json.loads(x) for x in open(os.path.join(folder, "curve.jsonl"))]
+    assert [x["step"] for x in lines] == [3, 3] and lines[0] == lines[1]
+    with pytest.raises(ValueError, match="no fallback"):
+        evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, str(tmp_path / "none"), prompts)
 
 
 def test_a_fallback_of_other_settings_is_refused(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -156,7 +157,7 @@ def cmd_heads(args) -> int:
     import jaxspec
 
     from .acceptance import heldout_prompts
-    from .joint import JointConfig, joint_steps, train_heads
+    from .joint import JointConfig, evaluate_fallback, joint_steps, train_heads
 
     model = jaxspec.load(args.target)
     shards = _shards(args)
@@ -168,6 +169,10 @@ def cmd_heads(args) -> int:
                       fallback_minutes=args.fallback_minutes, seed=args.seed)
     fallback_dir = args.fallback or os.path.join(os.path.dirname(os.path.abspath(args.data)), "runs", args.name)
     held = heldout_prompts(model, args.data, args.prompts_dir, args.eval_prompts) if args.eval_prompts else None
+    if args.evaluate_fallback:
+        point = evaluate_fallback(model, args.data, setups, cfg, fallback_dir, held or [], args.eval_tokens, shards)
+        print(json.dumps(point))
+        return 0
     print(f"run {args.name}: {steps} steps of {'+'.join(outs)}; state in $JAXSPEC_CACHE/runs/{args.name}, "
           f"fallback in {fallback_dir}", file=sys.stderr)
     drafters = train_heads(model, args.data, setups, outs, cfg, fallback_dir, until=args.until, shards=shards,
@@ -196,8 +201,6 @@ def _head_setups(args, model, shards):
 
 
 def cmd_profile(args) -> int:
-    import json
-
     import jaxspec
 
     from .profile import ProfileConfig, markdown, profile_eagle_step
@@ -216,8 +219,6 @@ def cmd_profile(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    import json
-
     from .replay import run_replay
 
     result = run_replay(args.data, args.test_shards, args.store_shards, args.drafters.split(","), args.k)
@@ -388,6 +389,9 @@ def _joint_commands(tsub) -> None:
     h.add_argument("--save-every", type=int, default=50)
     h.add_argument("--log-every", type=int, default=10)
     h.add_argument("--until", type=int, default=None, help="stop after this step; rerun to continue")
+    h.add_argument("--evaluate-fallback", action="store_true",
+                   help="train nothing: measure the held-out acceptance of the run's fallback as it stands and add "
+                        "it to FALLBACK/curve.jsonl")
     h.add_argument("--eval-prompts", type=int, default=8)
     h.add_argument("--eval-tokens", type=int, default=64)
     h.add_argument("--prompts-dir", default=DEFAULT_DIR)

@@ -52,8 +52,8 @@ def write(folder: str, step: int, params: dict, settings: dict, target: str) -> 
 
 
 def read(folder: str, settings: dict) -> dict | None:
-    """-> {"step", "params": {kind: {flat name: float32 array}}} of the fallback in folder, None when there is
-    none; ValueError when it was written by a run with other settings (another head, data or schedule)."""
+    """-> {"step", "written", "params": {kind: {flat name: float32 array}}} of the fallback in folder, None
+    when there is none; ValueError when it was written by a run with other settings (another head, data or schedule)."""
     path = os.path.join(folder, INDEX)
     if not os.path.isfile(path):
         return None
@@ -69,7 +69,7 @@ def read(folder: str, settings: dict) -> dict | None:
             raise ValueError(f"cannot resume {kind} from the fallback in {folder}: settings differ in {changed}")
     params = {kind: {k: np.asarray(v, np.float32)
                      for k, v in load_file(os.path.join(folder, f"{kind}.safetensors")).items()} for kind in settings}
-    return {"step": int(index["step"]), "params": params}
+    return {"step": int(index["step"]), "written": index.get("written"), "params": params}
 
 
 def unflatten_like(template, flat: dict):

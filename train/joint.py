@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import time
 
@@ -34,6 +35,7 @@ from .batches import FeatureBatches
 from .features import target_features
 from .heads import HeadSetup, save_trained
 
+CURVE = "curve.jsonl"     # held-out acceptance of the fallback, one line per evaluation
 NOT_RESUMED = -(2 ** 30)         # state["resumed_at"] of a run that never restarted from a fallback
 
 
@@ -147,12 +149,9 @@ def train_heads(model, data_dir: str, setups: list[HeadSetup], outs: dict, cfg: 
     layers = {tuple(s.feature_layers) for s in setups}
     if len(layers) != 1:
         raise ValueError(f"the heads read different target layers {sorted(layers)}: train them apart")
-    batches = FeatureBatches(data_dir, None, cfg.tokens_per_batch, rows_multiple=jax.device_count(), seed=cfg.seed,
-                             answer_only=cfg.answer_only, names=shards, pack=True)
+    batches, settings = _batches(data_dir, setups, cfg, shards)
     mesh = loop.training_mesh()
-    common = {"tokens_per_batch": cfg.tokens_per_batch, "answer_only": cfg.answer_only, "examples": len(batches.seqs),
-              **({"shards": list(shards)} if shards is not None else {})}
-    heads = {s.kind: HeadRun(s, cfg, {**s.settings, **common}, mesh) for s in setups}
+    heads = {s.kind: HeadRun(s, cfg, settings[s.kind], mesh) for s in setups}
     start = _start(heads, fallback_dir)
     stop = cfg.steps if until is None else max(start, min(int(until), cfg.steps))
     features = jax.jit(functools.partial(target_features, cfg=model.config, layers=next(iter(layers))))
@@ -187,6 +186,35 @@ def train_heads(model, data_dir: str, setups: list[HeadSetup], outs: dict, cfg: 
             h.run.close()
     return {kind: _finish(model, data_dir, h, outs.get(kind), batches, eval_prompts, eval_tokens)
             for kind, h in heads.items()}
+
+
+def _batches(data_dir: str, setups: list[HeadSetup], cfg: JointConfig, shards: list[str] | None):
+    """The run's batches and {kind: the settings that name its run} (the guard of resume and fallback)."""
+    batches = FeatureBatches(data_dir, None, cfg.tokens_per_batch, rows_multiple=jax.device_count(), seed=cfg.seed,
+                             answer_only=cfg.answer_only, names=shards, pack=True)
+    common = {"tokens_per_batch": cfg.tokens_per_batch, "answer_only": cfg.answer_only, "examples": len(batches.seqs),
+              **({"shards": list(shards)} if shards is not None else {})}
+    return batches, {s.kind: {**s.settings, **common} for s in setups}
+
+
+def evaluate_fallback(model, data_dir: str, setups: list[HeadSetup], cfg: JointConfig, fallback_dir: str,
+                      prompts: list, eval_tokens: int = 64, shards: list[str] | None = None) -> dict:
+    """Held-out acceptance (K = 5, greedy) of each head of the run's fallback as it stands, no training;
+    appended to FALLBACK/curve.jsonl. -> {"step", "written", kind: {"mean_accepted_length", ...}}."""
+    from .acceptance import acceptance
+
+    _, settings = _batches(data_dir, setups, cfg, shards)
+    saved = fallback.read(fallback_dir, settings)
+    if saved is None:
+        raise ValueError(f"no fallback in {fallback_dir}")
+    point = {"step": saved["step"], "written": saved["written"]}
+    for s in setups:
+        params = fallback.unflatten_like(s.params, saved["params"][s.kind])
+        point[s.kind] = acceptance(model, s.drafter_of(params), prompts, eval_tokens)
+    if jax.process_index() == 0:
+        with open(os.path.join(fallback_dir, CURVE), "a") as f:
+            f.write(json.dumps(point) + "\n")
+    return point
 
 
 def _write_fallback(heads: dict, fallback_dir: str, step: int, model) -> None:
