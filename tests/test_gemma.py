@@ -216,8 +216,9 @@ def test_gemma_270m_logits_and_greedy_tokens_match_transformers(gemma_pair):
 
 @pytest.mark.slow
 def test_gemma_270m_speculative_greedy_is_lossless(gemma_pair):
-    """NGram and the 6-layer truncated draft, K = 3 and 5, a batch of three prompts of different
-    lengths (one past the window), 48 new tokens: every row as plain decoding's."""
+    """NGram and the 6-layer truncated draft, K = 3 and 5, and an NGram tree of 16 nodes, a batch of
+    three prompts of different lengths (one past the window), 48 new tokens: every row as plain
+    decoding's."""
     ours = gemma_pair[0]
     rows = [ours.tokenizer.encode(t, add_special_tokens=True) for t in TEXTS]
     plain = jaxspec.generate(ours, rows, max_new_tokens=48).tokens
@@ -225,3 +226,6 @@ def test_gemma_270m_speculative_greedy_is_lossless(gemma_pair):
         for k in (3, 5):
             out = jaxspec.generate(ours, rows, max_new_tokens=48, drafter=drafter, num_draft_tokens=k, adaptive=False)
             assert out.tokens == plain, (drafter, k)
+    tree = jaxspec.generate(ours, rows, max_new_tokens=48, drafter=NGram(), num_draft_tokens=5, adaptive=False,
+                            tree=jaxspec.Tree(16, 5, 3))
+    assert tree.tokens == plain

@@ -97,8 +97,8 @@ def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path,
     assert point["step"] == 3 and point["written"] and len(seen) == 3
     for kind, drafter in zip(KINDS, seen):
         assert point[kind] == real(model, drafters[kind], prompts, 12), kind
-        pairs = zip(jax.tree.leaves(drafter.params_for(model)), jax.tree.leaves(drafters[kind].params_for(model)))
-        for got, want in pairs:
+        leaves = [jax.tree.leaves(d.params_for(model)) for d in (drafter, drafters[kind])]
+        for got, want in zip(*leaves):
             np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-6)
     evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
     lines = [json.loads(x) for x in open(os.path.join(folder, "curve.jsonl"))]
