@@ -103,6 +103,7 @@ def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path,
     evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
     lines = [json.loads(x) for x in open(os.path.join(folder, "curve.jsonl"))]
     assert [x["step"] for x in lines] == [3, 3] and lines[0] == lines[1]
+    assert open(os.path.join(folder, "curve.png"), "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no fallback"):
         evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, str(tmp_path / "none"), prompts)
 

@@ -34,6 +34,7 @@ from . import fallback, loop
 from .batches import FeatureBatches
 from .features import target_features
 from .heads import HeadSetup, save_trained
+from .plots import plot_curve
 
 CURVE = "curve.jsonl"     # held-out acceptance of the fallback, one line per evaluation
 NOT_RESUMED = -(2 ** 30)         # state["resumed_at"] of a run that never restarted from a fallback
@@ -200,7 +201,8 @@ def _batches(data_dir: str, setups: list[HeadSetup], cfg: JointConfig, shards: l
 def evaluate_fallback(model, data_dir: str, setups: list[HeadSetup], cfg: JointConfig, fallback_dir: str,
                       prompts: list, eval_tokens: int = 64, shards: list[str] | None = None) -> dict:
     """Held-out acceptance (K = 5, greedy) of each head of the run's fallback as it stands, no training;
-    appended to FALLBACK/curve.jsonl. -> {"step", "written", kind: {"mean_accepted_length", ...}}."""
+    appended to FALLBACK/curve.jsonl and drawn in FALLBACK/curve.png.
+    -> {"step", "written", kind: {"mean_accepted_length", ...}}."""
     from .acceptance import acceptance
 
     _, settings = _batches(data_dir, setups, cfg, shards)
@@ -214,6 +216,8 @@ def evaluate_fallback(model, data_dir: str, setups: list[HeadSetup], cfg: JointC
     if jax.process_index() == 0:
         with open(os.path.join(fallback_dir, CURVE), "a") as f:
             f.write(json.dumps(point) + "\n")
+        with open(os.path.join(fallback_dir, CURVE)) as f:
+            plot_curve(fallback_dir, [json.loads(line) for line in f if line.strip()], cfg.tokens_per_batch)
     return point
 
 

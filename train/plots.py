@@ -45,3 +45,20 @@ def plot_run(run_dir: str, out_dir: str | None = None) -> str | None:
         axes[2].plot([r["step"] for r in evals], [r["eval"]["mean_accepted_length"] for r in evals], "o-")
     axes[2].set(title="held-out mean accepted length (K=5, greedy)", xlabel="step")
     return save(fig, os.path.join(out_dir, PLOT))
+
+
+def plot_curve(folder: str, curve: list[dict], tokens_per_step: int) -> str | None:
+    """curve.png beside a joint run's fallback: each head's held-out mean accepted length (K=5, greedy)
+    against the step (and the tokens it had trained on) from its curve.jsonl records; -> its path."""
+    plt = pyplot(f"curve.png of {folder}")
+    if plt is None or not curve:
+        return None
+    points = sorted(curve, key=lambda r: r["step"])
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for kind in [k for k in points[-1] if isinstance(points[-1][k], dict)]:
+        got = [(r["step"], r[kind]["mean_accepted_length"]) for r in points if kind in r]
+        ax.plot(*zip(*got), "o-", label=kind)
+    ax.set(title="held-out mean accepted length (K=5, greedy)", xlabel=f"step ({tokens_per_step:,} tokens each)",
+           xlim=(0, None))
+    ax.legend()
+    return save(fig, os.path.join(folder, "curve.png"))
