@@ -159,11 +159,11 @@ def gemma_pair():
     return ours, hf, path
 
 
-def _transformers_float64_logits(path: str, row: list[int]) -> np.ndarray:
+def _transformers_float64_logits(hf, row: list[int]) -> np.ndarray:
     """The last 32 positions' logits of transformers' Gemma 3 in float64 throughout: its RMSNorm,
     RoPE angles and embedding scale run in float32 even in a float64 model, so they are replaced for
-    this call; sdpa attention (eager's softmax is float32 too)."""
-    from transformers import AutoModelForCausalLM
+    this call; sdpa attention (eager's softmax is float32 too). The model (float32, eager) is made
+    float64 in place for the call and given back as it was (float32 -> float64 -> float32 is exact)."""
     from transformers.models.gemma3 import modeling_gemma3 as gemma3
 
     def norm64(self, x):
@@ -176,16 +176,21 @@ def _transformers_float64_logits(path: str, row: list[int]) -> np.ndarray:
         angles = torch.cat((angles, angles), dim=-1)
         return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
-    folder, name = path.rsplit("/", 1)
+    embed = hf.model.embed_tokens
+    scale = embed.embed_scale
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gemma3.Gemma3RMSNorm, "forward", norm64)
         patch.setattr(gemma3.Gemma3RotaryEmbedding, "forward", rope64)
-        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64,
-                                                  attn_implementation="sdpa").eval()
-        embed = hf.model.embed_tokens
+        hf.double()
+        hf.set_attn_implementation("sdpa")
         embed.embed_scale = torch.tensor(embed.scalar_embed_scale, dtype=torch.float64)
-        with torch.no_grad():
-            return hf(torch.tensor([row])).logits[0, -32:].numpy()
+        try:
+            with torch.no_grad():
+                return hf(torch.tensor([row])).logits[0, -32:].numpy()
+        finally:
+            torch.nn.Module.float(hf)        # transformers refuses .float() on a model read from a GGUF
+            hf.set_attn_implementation("eager")
+            embed.embed_scale = scale
 
 
 @pytest.mark.slow
@@ -205,7 +210,7 @@ def test_gemma_270m_logits_and_greedy_tokens_match_transformers(gemma_pair):
         if len(row) < cfg.sliding_window:
             assert np.abs(got - ref).max() <= 2e-3, (len(row), float(np.abs(got - ref).max()))
         else:
-            exact = _transformers_float64_logits(gemma_pair[2], row)
+            exact = _transformers_float64_logits(hf, row)
             ours_err, theirs_err = np.abs(got - exact).max(), np.abs(ref - exact).max()
             assert ours_err <= FLOAT64_RATIO * theirs_err, (len(row), float(ours_err), float(theirs_err))
         with torch.no_grad():
