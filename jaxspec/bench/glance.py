@@ -14,7 +14,7 @@ DECODER = re.compile(r"^(ngram|suffix|eagle|mtp|draft) (K=\d+|tree N=\d+|adaptiv
 def _cells(results: list) -> tuple[dict, list]:
     """From (date, path, result) triples, newest first -> ({model: {decoder: {source: (mean accepted
     length, speedup, index into runs)}}}, runs: the (date, path, result) the cells came from)."""
-    table, runs = {}, []
+    table, runs, index_of = {}, [], {}
     for date, path, r in results:
         if not r.get("source") or not r.get("runs") or "decoders" not in r["runs"][0]:
             continue
@@ -25,10 +25,10 @@ def _cells(results: list) -> tuple[dict, list]:
                 cell = table.setdefault(r["model"], {}).setdefault(name, {}) if DECODER.match(name) else None
                 if cell is None or r["source"] in cell:
                     continue
-                if (date, path) not in [(x[0], x[1]) for x in runs]:
+                if (date, path) not in index_of:
+                    index_of[date, path] = len(runs)
                     runs.append((date, path, r))
-                index = [(x[0], x[1]) for x in runs].index((date, path))
-                cell[r["source"]] = (d.get("mean_accepted_length", 1.0), d["speedup"], index)
+                cell[r["source"]] = (d.get("mean_accepted_length", 1.0), d["speedup"], index_of[date, path])
     return table, runs
 
 

@@ -97,7 +97,8 @@ def attend_live(q: jax.Array, k: jax.Array, v: jax.Array, pos: jax.Array, live: 
     R = H // G
     carry = (jnp.full((B, G, R, T), low), jnp.zeros((B, G, R, T)), jnp.zeros((B, G, R, T, D)))
     blocks = jnp.clip((live + block - 1) // block, 1, -(-S // block))
-    first = jnp.where(window > 0, jnp.maximum(jnp.min(pos) - window + 1, 0) // block, 0)   # older: out of every window
+    # blocks before `first` hold only keys older than every query's window
+    first = jnp.where(window > 0, jnp.maximum(jnp.min(pos) - window + 1, 0) // block, 0)
     _, l, acc = jax.lax.fori_loop(jnp.minimum(first, blocks - 1), blocks, one_block, carry)
     out = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(v.dtype)   # l = 0: a finished row past live
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D)
