@@ -65,7 +65,8 @@ def test_store_match_samples_a_large_range_and_counts_it_exactly():
 
 
 def _brute_request(history, max_match, num_draft):
-    """The latest of the longest earlier occurrences of the history's last tokens, and what followed."""
+    """The latest of the longest earlier occurrences of the history's last tokens, and what followed
+    (repeated with its period where it reaches the end of the history)."""
     L = len(history)
     def matched(c):                                   # suffix tokens equal before slot c
         n = 0
@@ -77,7 +78,7 @@ def _brute_request(history, max_match, num_draft):
     if n == 0:
         return 0, []
     c = max(i for i in range(L) if lengths[i] == n)
-    return n, list(history[c:c + num_draft])
+    return n, [history[c + i % (L - c)] for i in range(num_draft)]
 
 
 def test_request_match_is_the_latest_longest_earlier_occurrence():
@@ -92,6 +93,14 @@ def test_request_match_is_the_latest_longest_earlier_occurrence():
         assert int(got.length[b]) == n, b
         kept = int(np.sum(got.probs[b] > 0))
         assert list(got.tokens[b, :kept]) == tokens, b
+
+
+def test_request_match_repeats_a_period_that_reaches_the_present():
+    """7 1 2 3 1 2 3 1 2: the match of the last five tokens starts at slot 6; what followed it (3 1 2)
+    runs into the present and goes on with period 3."""
+    m = request_match(np.array([7, 1, 2, 3, 1, 2, 3, 1, 2, 0, 0], np.int32), 9, 8, 5)
+    assert int(m.length) == 5
+    assert list(m.tokens) == [3, 1, 2, 3, 1] and bool(np.all(m.probs > 0))
 
 
 def test_store_keeps_the_newest_answers_within_its_bound_and_its_capacity():

@@ -151,8 +151,9 @@ def store_match(tokens, sa, count, history, length, max_match: int, num_draft: i
 
 def request_match(history, length, max_match: int, num_draft: int) -> Match:
     """One row's draft from its own history (prompt lookup with matches up to max_match tokens): the
-    latest of the longest earlier matches of its last tokens and what followed it; probs[0] is the share
-    of the matches as long that the same token followed, the later ones 1 while the history goes on."""
+    latest of the longest earlier matches of its last tokens and what followed it, repeated with the
+    period (length - its start) where it runs into the present (a text repeating itself goes on doing
+    so); probs[0] is the share of the matches as long that the same token followed, the later ones 1."""
     history = jnp.asarray(history)
     S = history.shape[0]
     c = jnp.arange(S, dtype=jnp.int32)                                   # a continuation's first slot
@@ -162,8 +163,8 @@ def request_match(history, length, max_match: int, num_draft: int) -> Match:
     matched = jnp.where(c < length, jnp.minimum(matched, c), 0)          # inside the history, not past its start
     n = jnp.max(matched)
     start = jnp.max(jnp.where((matched == n) & (n > 0), c, -1))
-    slot = start + jnp.arange(num_draft)
-    known = (n > 0) & (slot < length)
+    slot = start + jnp.arange(num_draft) % jnp.maximum(length - start, 1)
+    known = jnp.broadcast_to(n > 0, slot.shape)
     toks = jnp.where(known, history[jnp.clip(slot, 0, S - 1)], 0)
     longest = (matched == n) & (n > 0)
     agree = jnp.sum(longest & (history[c] == toks[0])) / jnp.maximum(jnp.sum(longest), 1)
