@@ -278,29 +278,45 @@ def _acceptance(stats: Stats, acc, ks, adaptive: bool) -> None:
         stats.steps_per_k = {arm_key(k): int(c) for k, c in zip(ks, acc.k_steps)}
 
 
-def _prepare(model, prompts, max_new_tokens, sampling, drafter, num_draft_tokens, adaptive, tree, max_cache_len,
-             mesh, seed):
+class Request(NamedTuple):
+    """One call's arguments, as generate takes them (its docstring says what each means)."""
+
+    prompts: Sequence[Sequence[int]]
+    max_new_tokens: Union[int, Sequence[int]]
+    sampling: SamplingArg
+    drafter: Optional[Drafter]
+    num_draft_tokens: int
+    adaptive: bool
+    tree: Optional[Tree]
+    max_cache_len: Optional[int] = None
+    mesh: Optional[jax.sharding.Mesh] = None
+    seed: int = 0
+
+
+def _prepare(model, req: Request):
     """Checks, then the batch on its device(s). -> (model (placed on the mesh), Batch, arms ks, PRNG key)."""
     cfg: ModelConfig = model.config
-    K = check_drafter(drafter, num_draft_tokens, model) if drafter is not None else 0
+    drafter, tree, mesh = req.drafter, req.tree, req.mesh
+    K = check_drafter(drafter, req.num_draft_tokens, model) if drafter is not None else 0
     check_tree(tree, drafter)
-    rows = check_prompts(prompts, cfg.vocab_size)
+    rows = check_prompts(req.prompts, cfg.vocab_size)
     B = len(rows)
-    limits = check_limits(max_new_tokens, B)
-    params_s = row_params(sampling, B)
+    limits = check_limits(req.max_new_tokens, B)
+    params_s = row_params(req.sampling, B)
     extra = (K + 1 if drafter is not None else 0) if tree is None else max(K + 1, tree_slots(tree))
-    check_capacity(rows, limits, extra, cfg.max_position_embeddings if max_cache_len is None else int(max_cache_len))
+    check_capacity(rows, limits, extra,
+                   cfg.max_position_embeddings if req.max_cache_len is None else int(req.max_cache_len))
     eos_ids = jnp.asarray(list(getattr(model.tokenizer, "eos_token_ids", ()) or ()) or [-1], jnp.int32)
     tokens, lengths, cache, N = padded_batch(model, rows, int(limits.max()), extra)
     tokens, limits = jnp.asarray(tokens), jnp.asarray(limits)
     if mesh is not None:                                 # weights over "model", rows over "data"
         model, cache, (tokens, lengths, limits, params_s) = _placed(model, mesh), sharding.shard_cache(cache, mesh), \
             sharding.shard_rows((tokens, lengths, limits, params_s), mesh)
-    ks = (policy.candidates(K) if adaptive else (K,)) if drafter is not None else ()
+    ks = (policy.candidates(K) if req.adaptive else (K,)) if drafter is not None else ()
     if tree is not None:
-        ks = ks + (tree,) if adaptive else (tree,)
+        ks = ks + (tree,) if req.adaptive else (tree,)
     batch = Batch(tokens, lengths, limits, cache, params_s, eos_ids, N, use_live_attention(B, cache.capacity))
-    return model, batch, ks, jax.random.PRNGKey(seed)
+    return model, batch, ks, jax.random.PRNGKey(req.seed)
 
 
 def measure_step_costs(model: Model, prompts, max_new_tokens: int, drafter: Drafter, arm, *,
@@ -308,8 +324,7 @@ def measure_step_costs(model: Model, prompts, max_new_tokens: int, drafter: Draf
     """The cost of a step of one arm (a K, or a Tree) in plain steps, timed (or read from the cost
     file) on the programs generate(adaptive=False) runs for these prompts."""
     tree, K = (arm, arm.depth) if isinstance(arm, Tree) else (None, int(arm))
-    model, batch, ks, key = _prepare(model, prompts, max_new_tokens, sampling, drafter, K, False, tree, None,
-                                     None, 0)
+    model, batch, ks, key = _prepare(model, Request(prompts, max_new_tokens, sampling, drafter, K, False, tree))
     progs = Programs(model, drafter, ks, batch, None)
     first, cache, features, key, _ = progs.prefill(key)
     return float(step_costs(model, drafter, ks, batch, _timers(progs, first, cache, features, key))["costs"][0])
@@ -341,8 +356,8 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], max_new_tokens: Uni
     Returns tokens, texts and stats.
     """
     started = time.perf_counter()
-    model, batch, ks, key = _prepare(model, prompts, max_new_tokens, sampling, drafter, num_draft_tokens, adaptive,
-                                     tree, max_cache_len, mesh, seed)
+    model, batch, ks, key = _prepare(model, Request(prompts, max_new_tokens, sampling, drafter, num_draft_tokens,
+                                                    adaptive, tree, max_cache_len, mesh, seed))
     B = batch.tokens.shape[0]
     with streaming.opened(stream) as stream_id, rowwise.over_devices(mesh is not None):   # rows stay on their devices
         progs = Programs(model, drafter, ks, batch, mesh, stream_id)
