@@ -319,3 +319,40 @@ def test_a_run_resumes_after_the_model_config_gains_fields_at_their_defaults():
                                                           "query_scale")}
     assert settings_changed({"config": recorded, "train": {"steps": 10}}, {"config": cfg, "train": {"steps": 10}}) == []
     assert settings_changed({"config": recorded}, {"config": {**cfg, "local_layers": (0,)}}) == ["config"]
+
+
+def test_a_run_resumes_after_the_train_config_gains_fields_at_their_defaults():
+    """A run recorded before TrainConfig had `optimizer` resumes with AdamW, not with Muon."""
+    from train.loop import TrainConfig, settings_changed
+    recorded = {k: v for k, v in dataclasses.asdict(TrainConfig(steps=10, warmup=1)).items() if k != "optimizer"}
+    now = lambda **kw: {"train": dataclasses.asdict(TrainConfig(steps=10, warmup=1, **kw))}
+    assert settings_changed({"train": recorded}, now()) == []
+    assert settings_changed({"train": recorded}, now(optimizer="muon")) == ["train"]
+    with pytest.raises(ValueError, match="optimizer"):
+        TrainConfig(optimizer="sgd")
+
+
+def test_muon_orthogonalises_the_update_of_matrices_only():
+    """Muon (Jordan et al. 2024) replaces a matrix's update by its orthogonalised momentum (Newton-Schulz):
+    from a gradient whose singular values span 100x, the first update is near -U V^T (its singular values
+    span at most about 2x: the quintic's coefficients leave them in roughly [0.7, 1.2]) while AdamW's sign
+    step is no orthogonal matrix; a vector gets Adam's sign-like step under both (Muon's
+    is Nesterov's: larger on the first step, still the same size for every entry)."""
+    from train.loop import TrainConfig, make_optimizer
+    rng = np.random.default_rng(0)
+    u, _ = np.linalg.qr(rng.normal(size=(48, 16)))
+    v, _ = np.linalg.qr(rng.normal(size=(16, 16)))
+    grad = {"w": jnp.asarray(u @ np.diag(np.logspace(0, -2, 16)) @ v.T, jnp.float32),
+            "b": jnp.asarray(rng.normal(size=16), jnp.float32)}
+    params = jax.tree.map(jnp.zeros_like, grad)
+    polar = u @ v.T                                                         # U V^T of the gradient
+    for name, span in (("muon", (1.0, 2.2)), ("adamw", (4.0, 1e9))):
+        opt = make_optimizer(TrainConfig(steps=10, warmup=0, lr=0.1, weight_decay=0.0, clip=1e9, optimizer=name))
+        update, _ = opt.update(grad, opt.init(params), params)
+        s = np.linalg.svd(np.asarray(update["w"]), compute_uv=False)
+        assert span[0] <= s.max() / s.min() <= span[1], (name, s)
+        cosine = -np.sum(np.asarray(update["w"]) * polar) / np.linalg.norm(update["w"]) / np.linalg.norm(polar)
+        assert cosine > 0.97 if name == "muon" else cosine < 0.9, (name, cosine)
+        step = np.abs(np.asarray(update["b"]))
+        np.testing.assert_allclose(step, step[0], rtol=1e-4)
+        assert step[0] == pytest.approx(0.1, rel=1e-3) if name == "adamw" else step[0] > 0.1

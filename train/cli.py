@@ -166,7 +166,7 @@ def cmd_heads(args) -> int:
     warmup = min(100, steps // 10) if args.warmup is None else args.warmup
     cfg = JointConfig(name=args.name, steps=steps, lrs=lrs, warmup=warmup, tokens_per_batch=args.batch_tokens,
                       answer_only=not args.all_positions, save_every=args.save_every, log_every=args.log_every,
-                      fallback_minutes=args.fallback_minutes, seed=args.seed)
+                      fallback_minutes=args.fallback_minutes, seed=args.seed, optimizer=args.optimizer)
     fallback_dir = args.fallback or os.path.join(os.path.dirname(os.path.abspath(args.data)), "runs", args.name)
     held = heldout_prompts(model, args.data, args.prompts_dir, args.eval_prompts) if args.eval_prompts else None
     if args.evaluate_fallback:
@@ -377,6 +377,8 @@ def _joint_commands(tsub) -> None:
     h.add_argument("--warmup", type=int, default=None)
     h.add_argument("--batch-tokens", type=int, default=4096)
     h.add_argument("--all-positions", action="store_true", help="score prompt positions too (default: answers)")
+    h.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",     # loop.OPTIMIZERS
+                   help="muon: Muon on the 2-D weights, AdamW on the rest (optax.contrib.muon)")
     h.add_argument("--eagle-lr", type=float, default=5e-4)
     h.add_argument("--mtp-lr", type=float, default=6e-4)
     h.add_argument("--draft-lr", type=float, default=1e-3)

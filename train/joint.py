@@ -55,10 +55,11 @@ class JointConfig:
     rewarm: int = 20
     seed: int = 0
     bf16: bool = True
+    optimizer: str = "adamw"            # loop.OPTIMIZERS
 
     def train_config(self, kind: str) -> loop.TrainConfig:
         return loop.TrainConfig(steps=self.steps, lr=self.lrs[kind], warmup=self.warmup, save_every=self.save_every,
-                                eval_every=0, log_every=self.log_every)
+                                eval_every=0, log_every=self.log_every, optimizer=self.optimizer)
 
 
 def joint_steps(data_dir: str, tokens_per_batch: int, epochs: float, shards: list[str] | None = None) -> int:
@@ -194,7 +195,8 @@ def _batches(data_dir: str, setups: list[HeadSetup], cfg: JointConfig, shards: l
     batches = FeatureBatches(data_dir, None, cfg.tokens_per_batch, rows_multiple=jax.device_count(), seed=cfg.seed,
                              answer_only=cfg.answer_only, names=shards, pack=True)
     common = {"tokens_per_batch": cfg.tokens_per_batch, "answer_only": cfg.answer_only, "examples": len(batches.seqs),
-              **({"shards": list(shards)} if shards is not None else {})}
+              **({"shards": list(shards)} if shards is not None else {}),
+              **({"optimizer": cfg.optimizer} if cfg.optimizer != "adamw" else {})}     # runs before it: AdamW
     return batches, {s.kind: {**s.settings, **common} for s in setups}
 
 

@@ -1,4 +1,4 @@
-"""The training loop every head shares: optax AdamW with warm-up + cosine and clipping, a data-parallel
+"""The training loop every head shares: optax AdamW (or Muon) with warm-up + cosine and clipping, a data-parallel
 step under a jax.sharding.Mesh, Orbax checkpoints with exact resume, a JSONL metrics log, a
 progress bar and periodic evaluation.
 
@@ -26,6 +26,7 @@ from tqdm import tqdm
 from jaxspec.sharding import make_mesh, shard_params
 
 METRICS, SETTINGS, CKPT = "metrics.jsonl", "train_settings.json", "ckpt"
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +40,15 @@ class TrainConfig:
     save_every: int = 100
     eval_every: int = 250
     log_every: int = 10
+    optimizer: str = "adamw"      # OPTIMIZERS
 
     def __post_init__(self):
         if self.steps < 1 or self.save_every < 1 or self.log_every < 1 or self.eval_every < 0:
             raise ValueError(f"steps, save_every and log_every must be >= 1, eval_every >= 0: {self}")
         if not self.lr > 0 or not 0 <= self.warmup < self.steps:
             raise ValueError(f"need lr > 0 and 0 <= warmup < steps: {self}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
 
 
 def learning_rate(cfg: TrainConfig) -> optax.Schedule:
@@ -52,8 +56,14 @@ def learning_rate(cfg: TrainConfig) -> optax.Schedule:
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(cfg.clip),
-                       optax.adamw(learning_rate(cfg), weight_decay=cfg.weight_decay))
+    """Clipping, then AdamW, or Muon (Jordan et al. 2024: momentum orthogonalised by Newton-Schulz) on
+    the 2-D weights and AdamW on the rest (optax.contrib.muon), on the same schedule."""
+    if cfg.optimizer == "muon":
+        update = optax.contrib.muon(learning_rate(cfg), weight_decay=cfg.weight_decay,
+                                    adam_weight_decay=cfg.weight_decay)
+    else:
+        update = optax.adamw(learning_rate(cfg), weight_decay=cfg.weight_decay)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip), update)
 
 
 def data_mesh() -> Mesh:
@@ -117,11 +127,13 @@ BOOKKEEPING = ("save_every", "eval_every", "log_every")     # may change when a 
 
 def settings_changed(old: dict, new: dict) -> list[str]:
     """The keys whose values differ between two runs' settings, ignoring how often a run saves, evaluates
-    and logs (those do not change its schedule), and fields a model config gained after the run
-    started while they hold their defaults."""
+    and logs (those do not change its schedule), and fields a model config or TrainConfig gained after
+    the run started while they hold their defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+
     def schedule(settings):
         settings = {k: _with_config_defaults(v) for k, v in json.loads(json.dumps(settings)).items()}
-        train = {k: v for k, v in settings.get("train", {}).items() if k not in BOOKKEEPING}
+        train = {k: v for k, v in {**defaults, **settings.get("train", {})}.items() if k not in BOOKKEEPING}
         return {**settings, "train": train} if "train" in settings else settings
     old, new = schedule(old), schedule(new)
     return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
