@@ -264,6 +264,7 @@ def test_benchmarks_md_is_generated_from_the_committed_results():
         with open(path) as f:
             r = json.load(f)
         assert r.get("date") and r.get("command") and r.get("machine"), f"{path} lacks its date, command or machine"
+        assert not re.search(r"(^| |=)/", r["command"]), f"{path}: a machine's absolute path in {r['command']!r}"
     with open(os.path.join(root, "BENCHMARKS.md")) as f:
         assert f.read() == bench.report(paths), "BENCHMARKS.md is stale: run `make benchmarks`"
     with open(os.path.join(root, "README.md")) as f:
@@ -322,3 +323,17 @@ def test_bench_keeps_its_results_without_out(tmp_path):
     kept = glob.glob(str(tmp_path / "runs" / "bench-*" / "bench.json"))
     assert len(kept) == 1 and json.load(open(kept[0]))["runs"][0]["decoders"]["ngram K=5"]["rows_as_plain"] == 1
     assert f"results kept in {os.path.relpath(os.path.dirname(kept[0]), tmp_path)}/" in done.stderr
+
+
+def test_recorded_commands_name_no_machine_paths(monkeypatch, tmp_path):
+    """A result file's command names the cache folder $JAXSPEC_CACHE and the repository's paths relative
+    to it; other words stay as typed."""
+    import tempfile
+
+    from jaxspec import paths
+    from jaxspec.bench.sweep import portable_paths
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    command = (f"jaxspec train vocab --data {paths.root()}/checkpoints/x/data --out {tmp_path}/cache/vocab "
+               f"--eval-file {tempfile.gettempdir()}/e.jsonl --sizes 4096 --data-dir {paths.root()}")
+    assert portable_paths(command) == ("jaxspec train vocab --data checkpoints/x/data --out $JAXSPEC_CACHE/vocab "
+                                       "--eval-file $TMPDIR/e.jsonl --sizes 4096 --data-dir .")

@@ -90,8 +90,26 @@ def _print_run(batch: int, temperature: float, decoders: dict) -> None:
 
 
 def provenance(command: str | None) -> dict:
-    """What a result file records of how it was made: {"date", "machine", "command"}."""
-    return {"date": time.strftime("%Y-%m-%d"), "machine": _machine(), "command": command}
+    """What a result file records of how it was made: {"date", "machine", "command"} (paths in the
+    command as portable_paths writes them)."""
+    return {"date": time.strftime("%Y-%m-%d"), "machine": _machine(),
+            "command": None if command is None else portable_paths(command)}
+
+
+def portable_paths(command: str) -> str:
+    """A command line with this machine's paths made portable: the cache and temporary folders as
+    $JAXSPEC_CACHE and $TMPDIR, the repository's own paths relative to it (result files are read by
+    people on other machines)."""
+    import tempfile
+    folders = ((paths.cache_dir(), "$JAXSPEC_CACHE"), (paths.root(), "."), (tempfile.gettempdir(), "$TMPDIR"))
+    words = []
+    for word in command.split(" "):
+        for folder, name in folders:
+            if word == folder or word.startswith(folder + os.sep):
+                word = name + word[len(folder):] if name != "." else os.path.relpath(word, folder)
+                break
+        words.append(word)
+    return " ".join(words)
 
 
 def _machine() -> str:
