@@ -37,6 +37,7 @@ from .heads import HeadSetup, save_trained
 from .plots import plot_curve
 
 CURVE = "curve.jsonl"     # held-out acceptance of the fallback, one line per evaluation
+BASELINES = "baselines.json"     # the training-free drafters on the same prompts, measured once
 NOT_RESUMED = -(2 ** 30)         # state["resumed_at"] of a run that never restarted from a fallback
 
 
@@ -215,12 +216,37 @@ def evaluate_fallback(model, data_dir: str, setups: list[HeadSetup], cfg: JointC
     for s in setups:
         params = fallback.unflatten_like(s.params, saved["params"][s.kind])
         point[s.kind] = acceptance(model, s.drafter_of(params), prompts, eval_tokens)
+    base = baselines(model, data_dir, prompts, eval_tokens, fallback_dir)
     if jax.process_index() == 0:
         with open(os.path.join(fallback_dir, CURVE), "a") as f:
             f.write(json.dumps(point) + "\n")
         with open(os.path.join(fallback_dir, CURVE)) as f:
-            plot_curve(fallback_dir, [json.loads(line) for line in f if line.strip()], cfg.tokens_per_batch)
+            plot_curve(fallback_dir, [json.loads(line) for line in f if line.strip()], cfg.tokens_per_batch,
+                       {name: r["mean_accepted_length"] for name, r in base["drafters"].items()})
     return point
+
+
+def baselines(model, data_dir: str, prompts: list, eval_tokens: int, folder: str) -> dict:
+    """What a trained head must beat on the curve's prompts: NGram and Suffix (a store of the data's
+    answers; the held-out prompts' are not in it), measured as the heads are; kept in FOLDER/baselines.json
+    and measured again only when the prompts, length or target change. -> {"key", "drafters": {name: ...}}."""
+    from jaxspec.drafters import NGram, Suffix
+
+    from .acceptance import acceptance
+
+    key = {"target": model.source, "prompts": prompts, "eval_tokens": eval_tokens}
+    path = os.path.join(folder, BASELINES)
+    if os.path.isfile(path):
+        with open(path) as f:
+            kept = json.load(f)
+        if kept.get("key") == key:
+            return kept
+    drafters = {"ngram": NGram(), "suffix": Suffix.from_data(data_dir)}
+    kept = {"key": key, "drafters": {name: acceptance(model, d, prompts, eval_tokens) for name, d in drafters.items()}}
+    if jax.process_index() == 0:
+        with open(path, "w") as f:
+            json.dump(kept, f)
+    return kept
 
 
 def _write_fallback(heads: dict, fallback_dir: str, step: int, model) -> None:
