@@ -8,6 +8,7 @@ which is normed / g for the target's final-norm weight g, so one feature cache s
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxspec.cache import init_cache
@@ -15,6 +16,8 @@ from jaxspec.drafters import MTP
 from jaxspec.heads.eagle import DraftVocab
 from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, MTPHead, mtp_logits, mtp_window
 from jaxspec.models import layer_params, lm_head_rows
+from jaxspec.models.llama import forward_hidden
+from jaxspec.shards import read_shard, shard_names
 from jaxspec.precision import project
 
 from .features import feature_floats, shared_layers
@@ -79,6 +82,10 @@ def mtp_setup(model, data_dir: str, num_modules: int = 2, draft_vocab_size: int 
     d2t, coverage = draft_vocabulary(data_dir, vocab, cfg.draft_vocab_size, names=shards)
     block = ({k: layer_params(model.params, -1)[k] for k in BLOCK_KEYS} if init_from_target else None)
     head = MTPHead.init(cfg, rngs=nnx.Rngs(seed), d2t=d2t, block=block)
+    if init_from_target:          # the copied layer adds to a residual of the size it had in the target
+        size = last_layer_input_rms(model, data_dir, shards)
+        for module in head.modules:
+            module.h_norm[...] = jnp.full_like(module.h_norm[...], size)
     graph, params, vocab = nnx.split(head, nnx.Param, DraftVocab)
     frozen = {"embed": model.params["embed"], "norm": model.params["norm"], "rows": lm_head_rows(model.params, d2t),
               "vocab": vocab}
@@ -89,3 +96,21 @@ def mtp_setup(model, data_dir: str, num_modules: int = 2, draft_vocab_size: int 
                      lambda p: MTP(nnx.merge(graph, p, vocab)), settings, shared_layers(model, feature_layers),
                      training_meta={"num_modules": num_modules, "init_from_target": init_from_target},
                      data_meta={"draft_vocab_coverage": round(coverage, 4)})
+
+
+def last_layer_input_rms(model, data_dir: str, shards: list[str] | None = None, rows: int = 4,
+                         length: int = 256) -> float:
+    """The root-mean-square of the target's residual stream entering its last layer, over the first
+    `rows` examples of the data (first `length` tokens): the size of the state the last layer, copied into
+    each module, was trained to add to (on Gemma 3 about 10^3, so a unit-size input would drown in its
+    update)."""
+    cfg = model.config
+    seqs = read_shard(data_dir, (shards or shard_names(data_dir))[0])[0][:rows]
+    tokens = np.zeros((len(seqs), length), np.int32)
+    valid = np.zeros((len(seqs), length), bool)
+    for i, seq in enumerate(seqs):
+        tokens[i, :min(len(seq), length)], valid[i, :min(len(seq), length)] = seq[:length], True
+    cache = init_cache(cfg, len(seqs), length, model.params["embed"].dtype)
+    _, hidden, _ = forward_hidden(model.params, jnp.asarray(tokens), cache, cfg, (cfg.num_layers - 1,))
+    squares = np.mean(np.square(np.asarray(hidden[0], np.float32)), axis=-1)         # [B, T]
+    return float(np.sqrt(squares[valid].mean()))

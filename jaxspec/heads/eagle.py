@@ -68,7 +68,9 @@ class EagleConfig:
 
 def init_eagle_params(cfg: EagleConfig, key: jax.Array, d2t=None, lm_head=None, dtype=jnp.float32,
                       scale: float = 0.02) -> dict:
-    """Random init; the fuse map starts as the mean of the features, lm_head may start from the
+    """Random init; the fuse map starts as exactly the mean of the features (noise there would swamp the
+    target's state: on Gemma 3, whose final norm scales some channels by up to 300, noise of 0.02 gave
+    a first loss of 115 nats a step against 5.6 for the plain mean), lm_head may start from the
     target's rows for the draft vocabulary (lm_head [E, Vd])."""
     E, F, H, G, D, Vd = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                          cfg.head_dim, cfg.draft_vocab_size)
@@ -76,7 +78,7 @@ def init_eagle_params(cfg: EagleConfig, key: jax.Array, d2t=None, lm_head=None, 
     ks = jax.random.split(key, 8)
     normal = lambda k, shape: (scale * jax.random.normal(k, shape)).astype(dtype)
     params = {
-        "fc": (jnp.broadcast_to(jnp.eye(E) / N, (N, E, E)) + normal(ks[0], (N, E, E))).astype(dtype),
+        "fc": jnp.broadcast_to(jnp.eye(E) / N, (N, E, E)).astype(dtype),
         "embed_norm": jnp.ones((E,), dtype), "feature_norm": jnp.ones((E,), dtype),
         "wq": normal(ks[1], (2 * E, H, D)), "wk": normal(ks[2], (2 * E, G, D)), "wv": normal(ks[3], (2 * E, G, D)),
         "wo": normal(ks[4], (H, D, E)), "mlp_norm": jnp.ones((E,), dtype),

@@ -67,7 +67,8 @@ class MTPConfig:
 
 def init_mtp_params(cfg: MTPConfig, key: jax.Array, d2t=None, block=None, dtype=jnp.float32,
                     scale: float = 0.02) -> dict:
-    """Random init. proj starts as [I; 0] plus noise (h^j starts near h^{j-1}); block, if given, is one
+    """Random init. proj starts as exactly [I; 0] (h^j starts at h^{j-1}; no noise, as the EAGLE head's fuse
+    map: init_eagle_params); block, if given, is one
     target layer's weights (dict of BLOCK_KEYS) copied into every module."""
     E, F, H, G, Dh, D = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                          cfg.head_dim, cfg.num_modules)
@@ -81,7 +82,7 @@ def init_mtp_params(cfg: MTPConfig, key: jax.Array, d2t=None, block=None, dtype=
     stack = lambda a: jnp.array(jnp.broadcast_to(jnp.asarray(a, dtype), (D,) + jnp.shape(a)))   # a copy
     return {
         "h_norm": jnp.ones((D, E), dtype), "e_norm": jnp.ones((D, E), dtype),
-        "proj": (eye[None] + normal(ks[0], (D, 2 * E, E))).astype(dtype),
+        "proj": jnp.broadcast_to(eye, (D, 2 * E, E)).astype(dtype),
         "block": {k: stack(block[k]) for k in BLOCK_KEYS},
         "d2t": (jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32) if d2t is None
                 else jnp.asarray(d2t, jnp.int32)),
