@@ -121,3 +121,32 @@ def test_a_fallback_of_other_settings_is_refused(tmp_path):
         fallback.read(str(tmp_path), {"mtp": {"lr": 1, "train": {"save_every": 3}}})
     saved = fallback.read(str(tmp_path), {"eagle": {"lr": 1, "train": {"save_every": 9}}})
     assert saved["step"] == 3 and saved["params"]["eagle"]["w"].dtype == np.float32
+
+
+def test_a_signal_stops_a_run_at_a_step_with_its_state_and_fallback_saved(tiny_data, tmp_path, monkeypatch):  # noqa: F811
+    """SIGTERM (the end of a session) during step 3: the step finishes, every head's state and the fallback
+    are saved at step 3, nothing is written as finished; run again, it goes on from step 4 to the end."""
+    import signal
+
+    from jaxspec.train import batches as batches_module
+    model, data_dir, _ = tiny_data
+    handler = signal.getsignal(signal.SIGTERM)
+    real = batches_module.FeatureBatches.batch
+
+    def batch(self, k):
+        if k == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, k)
+
+    monkeypatch.setattr(batches_module.FeatureBatches, "batch", batch)
+    assert _run(model, data_dir, tmp_path, "signal") == {}
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert json.load(open(tmp_path / "signal" / "fallback" / "run.json"))["step"] == 3
+    for kind in KINDS:
+        assert [r["step"] for r in _records("signal", kind)] == [1, 2, 3], kind
+        assert not os.path.exists(tmp_path / "signal" / kind), kind
+    monkeypatch.setattr(batches_module.FeatureBatches, "batch", real)
+    drafters = _run(model, data_dir, tmp_path, "signal")
+    for kind in KINDS:
+        assert [r["step"] for r in _records("signal", kind)] == [1, 2, 3, 4, 5, 6], kind
+        assert drafters[kind].metadata.training["steps"] == 6, kind

@@ -17,6 +17,9 @@ import dataclasses
 import functools
 import json
 import os
+import signal
+import sys
+import threading
 import time
 
 import jax
@@ -161,8 +164,9 @@ def train_heads(model, data_dir: str, setups: list[HeadSetup], outs: dict, cfg: 
     split = NamedSharding(mesh, P("data"))
     bar = tqdm(total=stop, initial=start, unit="step", desc="training " + "+".join(heads), disable=not progress)
     t0 = last_fallback = time.perf_counter()
+    asked, done = StopRequest(), start
     try:
-        with bf16_operands(cfg.bf16):
+        with bf16_operands(cfg.bf16), asked:
             for k in range(start, stop):
                 host = batches.batch(k)
                 batch = jax.device_put(host, split)
@@ -176,19 +180,47 @@ def train_heads(model, data_dir: str, setups: list[HeadSetup], outs: dict, cfg: 
                     losses = _log(heads, done, time.perf_counter() - t0, k)
                     bar.set_postfix({kind: f"{v:.3f}" for kind, v in losses.items()})
                     t0 = time.perf_counter()
-                if done % cfg.save_every == 0 or done == stop:
+                last = done == stop or asked.stop
+                if done % cfg.save_every == 0 or last:
                     for h in heads.values():
                         h.run.save(h.state)
-                if fallback_dir and (done == stop or time.perf_counter() - last_fallback > 60 * cfg.fallback_minutes):
+                if fallback_dir and (last or time.perf_counter() - last_fallback > 60 * cfg.fallback_minutes):
                     _write_fallback(heads, fallback_dir, done, model)
                     last_fallback = time.perf_counter()
                 bar.update(1)
+                if asked.stop:
+                    break
     finally:
         bar.close()
         for h in heads.values():
             h.run.close()
+    if asked.stop:
+        print(f"run {cfg.name} stopped by signal after step {done}: saved, fallback written; rerun to continue",
+              file=sys.stderr)
+        return {}
     return {kind: _finish(model, data_dir, h, outs.get(kind), batches, eval_prompts, eval_tokens)
             for kind, h in heads.items()}
+
+
+class StopRequest:
+    """Within `with`: SIGTERM or SIGINT sets .stop instead of killing the process, so a run ends its step,
+    saves its state and writes its fallback (the end of a session, a Ctrl-C) and returns. The previous
+    handlers come back on exit; a second signal while stopping is taken the same way."""
+
+    def __init__(self):
+        self.stop, self._previous = False, {}
+
+    def _ask(self, signum, frame):
+        self.stop = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():     # signal handlers live in the main thread
+            self._previous = {sig: signal.signal(sig, self._ask) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def _batches(data_dir: str, setups: list[HeadSetup], cfg: JointConfig, shards: list[str] | None):
