@@ -16,11 +16,10 @@ from jaxspec.drafters import MTP
 from jaxspec.heads.eagle import DraftVocab
 from jaxspec.heads.mtp import BLOCK_KEYS, MTPConfig, MTPHead, mtp_logits, mtp_window
 from jaxspec.models import layer_params, lm_head_rows
-from jaxspec.models.llama import forward_hidden
 from jaxspec.shards import read_shard, shard_names
 from jaxspec.precision import project
 
-from .features import feature_floats, shared_layers
+from .features import feature_floats, shared_layers, target_features
 from .heads import HeadSetup, data_settings, train_setup
 from .losses import chunked_soft_ce
 from .vocab import draft_vocabulary
@@ -110,7 +109,6 @@ def last_layer_input_rms(model, data_dir: str, shards: list[str] | None = None, 
     valid = np.zeros((len(seqs), length), bool)
     for i, seq in enumerate(seqs):
         tokens[i, :min(len(seq), length)], valid[i, :min(len(seq), length)] = seq[:length], True
-    cache = init_cache(cfg, len(seqs), length, model.params["embed"].dtype)
-    _, hidden, _ = forward_hidden(model.params, jnp.asarray(tokens), cache, cfg, (cfg.num_layers - 1,))
-    squares = np.mean(np.square(np.asarray(hidden[0], np.float32)), axis=-1)         # [B, T]
+    hidden = target_features(model.params, jnp.asarray(tokens), cfg, (cfg.num_layers - 1,))[:, :, 0]   # [B, T, E]
+    squares = np.mean(np.square(np.asarray(hidden, np.float32)), axis=-1)            # [B, T]
     return float(np.sqrt(squares[valid].mean()))
