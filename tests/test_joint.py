@@ -11,6 +11,7 @@ import pytest
 
 from jaxspec.drafters import MTP, DraftModel, Eagle
 from jaxspec.train import fallback, loop
+from jaxspec.train.compare import compare_runs, write_comparison
 from jaxspec.train.draft import draft_setup
 from jaxspec.train.eagle import eagle_setup
 from jaxspec.train.joint import JointConfig, evaluate_fallback, run_dir, train_heads
@@ -27,9 +28,9 @@ def _setups(model, data_dir):
             draft_setup(model, data_dir, feature_layers=LAYERS, **DRAFT_SHAPE)]
 
 
-def _run(model, data_dir, tmp_path, name: str, until=None, bf16: bool = False):
+def _run(model, data_dir, tmp_path, name: str, until=None, bf16: bool = False, optimizer: str = "adamw"):
     cfg = JointConfig(name=name, steps=6, lrs={"eagle": 3e-3, "mtp": 3e-3, "draft": 3e-3}, warmup=2,
-                      tokens_per_batch=512, save_every=2, log_every=1, rewarm=3, bf16=bf16)
+                      tokens_per_batch=512, save_every=2, log_every=1, rewarm=3, bf16=bf16, optimizer=optimizer)
     outs = {kind: str(tmp_path / name / kind) for kind in KINDS}
     return train_heads(model, data_dir, _setups(model, data_dir), outs, cfg, str(tmp_path / name / "fallback"),
                        until=until, progress=False)
@@ -150,3 +151,25 @@ def test_a_signal_stops_a_run_at_a_step_with_its_state_and_fallback_saved(tiny_d
     for kind in KINDS:
         assert [r["step"] for r in _records("signal", kind)] == [1, 2, 3, 4, 5, 6], kind
         assert drafters[kind].metadata.training["steps"] == 6, kind
+
+
+def test_runs_of_two_optimizers_are_compared_on_the_same_batches(tiny_data, tmp_path):  # noqa: F811
+    """The premise of `train compare`: runs of one seed see the same batch at each step, so before any update
+    (step 1) AdamW and Muon log the same loss, and they part after it; the comparison reads those logs."""
+    model, data_dir, _ = tiny_data
+    _run(model, data_dir, tmp_path, "paired-adamw", until=3)
+    _run(model, data_dir, tmp_path, "paired-muon", until=3, optimizer="muon")
+    result = compare_runs(["paired-adamw", "paired-muon"], until=3, window=2)
+    assert set(result["heads"]) == set(KINDS)
+    for kind in KINDS:
+        head = result["heads"][kind]
+        assert head["steps"] == [1, 2, 3] and head["window_steps"] == [2, 3]
+        adamw, muon = head["runs"]["paired-adamw"], head["runs"]["paired-muon"]
+        assert adamw["loss_first"][0] == pytest.approx(muon["loss_first"][0], abs=1e-4), kind
+        assert adamw["loss_first"][2] != pytest.approx(muon["loss_first"][2], abs=1e-4), kind
+        logged = [r["top1_j"] for r in _records("paired-muon", kind)]
+        assert muon["top1_first"] == [round(t[0] if isinstance(t, list) else t, 4) for t in logged]
+    written, _ = write_comparison(result, str(tmp_path / "cmp" / "adamw-vs-muon"))
+    assert json.load(open(written))["heads"]["eagle"]["steps"] == [1, 2, 3]
+    with pytest.raises(ValueError, match="no head was logged"):
+        compare_runs(["paired-adamw", "never-ran"], until=3, window=2)

@@ -228,6 +228,19 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from .compare import compare_runs, write_comparison
+
+    result = compare_runs(args.runs.split(","), args.until, args.window)
+    for kind, head in result["heads"].items():
+        cells = ", ".join(f"{name} {r['window_top1_first']:.3f} (loss {r['window_loss_first']:.3f}, "
+                          f"{r['median_seconds_per_step']:.1f} s/step)" for name, r in head["runs"].items())
+        print(f"{kind}, first-draft-step top-1 over steps {head['window_steps']}: {cells}")
+    if args.out:
+        print("wrote", *write_comparison({**_provenance(), **result}, args.out))
+    return 0
+
+
 def _training_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
@@ -421,3 +434,10 @@ def _joint_commands(tsub) -> None:
     rp.add_argument("-k", "--k", type=int, default=5)
     rp.add_argument("--out", default=None, help="a JSON file for the result")
     rp.set_defaults(handler=cmd_replay)
+    cp = tsub.add_parser("compare", help="joint runs of the same heads and seed side by side: top-1 and loss "
+                                         "at the steps all logged (the same batches: a paired comparison)")
+    cp.add_argument("--runs", required=True, help="run names, e.g. all-v1,all-muon ($JAXSPEC_CACHE/runs/NAME)")
+    cp.add_argument("--until", type=int, default=10 ** 9, help="steps up to this one")
+    cp.add_argument("--window", type=int, default=50, help="the summary averages the last this many steps")
+    cp.add_argument("--out", default=None, help="OUT.json and OUT.png")
+    cp.set_defaults(handler=cmd_compare)

@@ -55,12 +55,32 @@ def learning_rate(cfg: TrainConfig) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, cfg.lr * cfg.end_lr_fraction)
 
 
+MUON_RMS = 0.2            # Muon's update RMS, that of AdamW's (Liu et al. 2025), so one learning rate serves both
+OUTPUT_AXES = {"wq": 2, "wk": 2, "wv": 2}     # [.., E, H, D]: heads x head width out; other weights: the last axis
+
+
+def muon_dimensions(params):
+    """Which axes of each weight Muon orthogonalises over: optax MuonDimensionNumbers (reduction axes, output
+    axes; a leading `layers` axis of stacked weights is a batch axis), or None for vectors and vocabulary
+    tables (`embed`), which AdamW updates (as in Liu et al. 2025)."""
+    def spec(path, x):
+        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        name = [k for k in keys if isinstance(k, str) and k != "value"][-1]
+        first, out = (1 if "layers" in keys else 0), OUTPUT_AXES.get(name, 1)
+        if x.ndim - first < 2 or name == "embed":
+            return None
+        return optax.contrib.MuonDimensionNumbers(tuple(range(first, x.ndim - out)), tuple(range(x.ndim - out, x.ndim)))
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    """Clipping, then AdamW, or Muon (Jordan et al. 2024: momentum orthogonalised by Newton-Schulz) on
-    the 2-D weights and AdamW on the rest (optax.contrib.muon), on the same schedule."""
+    """Clipping, then AdamW, or Muon (Jordan et al. 2024: momentum orthogonalised by Newton-Schulz) on every
+    weight matrix (muon_dimensions) at AdamW's update RMS and AdamW on the rest (optax.contrib.muon), on the
+    same schedule."""
     if cfg.optimizer == "muon":
         update = optax.contrib.muon(learning_rate(cfg), weight_decay=cfg.weight_decay,
-                                    adam_weight_decay=cfg.weight_decay)
+                                    adam_weight_decay=cfg.weight_decay, consistent_rms=MUON_RMS,
+                                    muon_weight_dimension_numbers=muon_dimensions)
     else:
         update = optax.adamw(learning_rate(cfg), weight_decay=cfg.weight_decay)
     return optax.chain(optax.clip_by_global_norm(cfg.clip), update)
