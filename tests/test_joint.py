@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
+from jaxspec.bench.report import compare_markdown
 from jaxspec.drafters import MTP, DraftModel, Eagle
 from jaxspec.train import fallback, loop
 from jaxspec.train.compare import compare_runs, write_comparison
@@ -169,7 +170,12 @@ def test_runs_of_two_optimizers_are_compared_on_the_same_batches(tiny_data, tmp_
         assert adamw["loss_first"][2] != pytest.approx(muon["loss_first"][2], abs=1e-4), kind
         logged = [r["top1_j"] for r in _records("paired-muon", kind)]
         assert muon["top1_first"] == [round(t[0] if isinstance(t, list) else t, 4) for t in logged]
-    written, _ = write_comparison(result, str(tmp_path / "cmp" / "adamw-vs-muon"))
+    written, picture = write_comparison(result, str(tmp_path / "cmp" / "adamw-vs-muon"))
     assert json.load(open(written))["heads"]["eagle"]["steps"] == [1, 2, 3]
+    table = compare_markdown(result, written, bins=3)
+    for kind in KINDS:
+        top1 = result["heads"][kind]["runs"]["paired-muon"]["top1_first"]
+        assert f"| {kind} | paired-muon | " + " | ".join(f"{t:.3f}" for t in top1) in table
+    assert picture is None or f"]({picture})" in table
     with pytest.raises(ValueError, match="no head was logged"):
         compare_runs(["paired-adamw", "never-ran"], until=3, window=2)

@@ -231,7 +231,7 @@ def cmd_replay(args) -> int:
 def cmd_compare(args) -> int:
     from .compare import compare_runs, write_comparison
 
-    result = compare_runs(args.runs.split(","), args.until, args.window)
+    result = {**compare_runs(args.runs.split(","), args.until, args.window), **({"note": args.note} if args.note else {})}
     for kind, head in result["heads"].items():
         cells = ", ".join(f"{name} {r['window_top1_first']:.3f} (loss {r['window_loss_first']:.3f}, "
                           f"{r['median_seconds_per_step']:.1f} s/step)" for name, r in head["runs"].items())
@@ -439,5 +439,6 @@ def _joint_commands(tsub) -> None:
     cp.add_argument("--runs", required=True, help="run names, e.g. all-v1,all-muon ($JAXSPEC_CACHE/runs/NAME)")
     cp.add_argument("--until", type=int, default=10 ** 9, help="steps up to this one")
     cp.add_argument("--window", type=int, default=50, help="the summary averages the last this many steps")
+    cp.add_argument("--note", default=None, help="what the runs differ in, for the report")
     cp.add_argument("--out", default=None, help="OUT.json and OUT.png")
     cp.set_defaults(handler=cmd_compare)
