@@ -40,7 +40,7 @@ def compare_runs(names: list[str], until: int, window: int) -> dict:
         if not all(logs.values()):
             continue
         steps = sorted(set.intersection(*(set(log) for log in logs.values())))
-        last = [s for s in steps if s > (steps[-1] if steps else 0) - window]
+        last = [s for s in steps if s > (steps[-1] if steps else 0) - window]     # the last len(last) of steps
         runs = {}
         for name, log in logs.items():
             top1 = [_first(log[s]["top1_j"]) for s in steps]
@@ -48,8 +48,8 @@ def compare_runs(names: list[str], until: int, window: int) -> dict:
             logged = sorted(log)                        # a record's seconds span the steps since the one before
             per_step = [log[s]["seconds"] / (s - before) for before, s in zip([0] + logged[:-1], logged)]
             runs[name] = {"top1_first": [round(x, 4) for x in top1], "loss_first": [round(x, 4) for x in loss],
-                          "window_top1_first": round(float(np.mean([top1[steps.index(s)] for s in last])), 4),
-                          "window_loss_first": round(float(np.mean([loss[steps.index(s)] for s in last])), 4),
+                          "window_top1_first": round(float(np.mean(top1[len(steps) - len(last):])), 4),
+                          "window_loss_first": round(float(np.mean(loss[len(steps) - len(last):])), 4),
                           "median_seconds_per_step": round(float(np.median(per_step)), 2)}
         heads[kind] = {"steps": steps, "window_steps": [last[0], last[-1]] if last else [], "runs": runs}
     if not heads:
