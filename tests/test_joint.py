@@ -179,3 +179,27 @@ def test_runs_of_two_optimizers_are_compared_on_the_same_batches(tiny_data, tmp_
     assert picture is None or f"]({picture})" in table
     with pytest.raises(ValueError, match="no head was logged"):
         compare_runs(["paired-adamw", "never-ran"], until=3, window=2)
+
+
+def test_the_joint_step_profile_counts_the_target_forward_and_times_each_head(tiny_data):  # noqa: F811
+    """train/profile.profile_joint_step on a run's real batch: the target's features and one whole step per
+    head. XLA's FLOP count of the features is the forward's 2 x (weight-matrix parameters) per token (Kaplan
+    et al. 2020, the embedding lookup free), plus at most causal attention over the row (4 H D T per token
+    and layer) and the elementwise work around it."""
+    from jaxspec.train.profile import joint_markdown, profile_joint_step
+
+    model, data_dir, _ = tiny_data
+    cfg = JointConfig(name="profile", steps=6, lrs={"eagle": 3e-3, "mtp": 3e-3, "draft": 3e-3}, warmup=2,
+                      tokens_per_batch=512, bf16=False)
+    result = profile_joint_step(model, data_dir, _setups(model, data_dir), cfg, step=1, repeats=1)
+    assert list(result["parts"]) == ["target features", "eagle step", "mtp step", "draft step"]
+    c, s = model.config, result["settings"]
+    tokens = s["rows"] * s["seq_len"]
+    per_layer = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) + 3 * c.hidden_size * c.intermediate_size
+    matmuls = 2 * per_layer * c.num_layers * tokens
+    attention = 4 * c.num_heads * c.head_dim * s["seq_len"] * c.num_layers * tokens
+    assert matmuls <= result["parts"]["target features"]["gflop"] * 1e9 <= 1.5 * (matmuls + attention)
+    for name, part in result["parts"].items():
+        assert part["seconds"] > 0 and part["gflop"] > 0, name
+    assert 0 < s["loss_positions"] <= tokens
+    assert "joint step (sum)" in joint_markdown(result)

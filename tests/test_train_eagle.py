@@ -82,3 +82,26 @@ def test_chunked_soft_ce_is_the_plain_soft_cross_entropy():
     np.testing.assert_allclose(ma["top1_j"], mb["top1_j"], rtol=1e-6)
     np.testing.assert_allclose(jax.grad(lambda h: chunked(h)[0])(h), jax.grad(lambda h: whole(h)[0])(h),
                                rtol=1e-4, atol=1e-6)
+
+
+def test_flop_counts_see_every_chunk_of_a_loss():
+    """XLA's cost analysis counts a loop body once; inside jaxspec.flops.counting() the loss's scan over
+    chunks is unrolled, so 2 x J x P x E x V for the draft logits' forward is counted whatever the chunk."""
+    from jaxspec.flops import counting
+    from jaxspec.train.losses import chunked_soft_ce
+    from jaxspec.train.profile import _flops
+
+    J, P, E, V = 2, 512, 64, 256
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    h, x = jax.random.normal(k[0], (J, P, E)), jax.random.normal(k[1], (P, E))
+    rows, trows = jax.random.normal(k[2], (E, V)), jax.random.normal(k[3], (E, V))
+    valid = jnp.ones((J, P), bool)
+
+    def gflop(chunk: int) -> float:
+        loss = lambda h: chunked_soft_ce(lambda a: a @ rows, lambda a: a @ trows, h, x, valid, chunk=chunk)[0]
+        with counting():
+            return _flops(jax.jit(loss).lower(h).compile())
+
+    draft_logits = 2 * J * P * E * V
+    assert gflop(P) >= draft_logits
+    assert abs(gflop(64) - gflop(P)) <= 0.05 * gflop(P)

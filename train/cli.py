@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -157,16 +158,14 @@ def cmd_heads(args) -> int:
     import jaxspec
 
     from .acceptance import heldout_prompts
-    from .joint import JointConfig, evaluate_fallback, joint_steps, train_heads
+    from .joint import evaluate_fallback, joint_steps, train_heads
 
     model = jaxspec.load(args.target)
     shards = _shards(args)
     setups, outs, lrs = _head_setups(args, model, shards)
     steps = joint_steps(args.data, args.batch_tokens, args.epochs, shards) if args.epochs else args.steps
-    warmup = min(100, steps // 10) if args.warmup is None else args.warmup
-    cfg = JointConfig(name=args.name, steps=steps, lrs=lrs, warmup=warmup, tokens_per_batch=args.batch_tokens,
-                      answer_only=not args.all_positions, save_every=args.save_every, log_every=args.log_every,
-                      fallback_minutes=args.fallback_minutes, seed=args.seed, optimizer=args.optimizer)
+    cfg = dataclasses.replace(_joint_config(args, steps, lrs, args.name), save_every=args.save_every,
+                              log_every=args.log_every, fallback_minutes=args.fallback_minutes)
     fallback_dir = args.fallback or os.path.join(os.path.dirname(os.path.abspath(args.data)), "runs", args.name)
     held = heldout_prompts(model, args.data, args.prompts_dir, args.eval_prompts) if args.eval_prompts else None
     if args.evaluate_fallback:
@@ -183,8 +182,9 @@ def cmd_heads(args) -> int:
     return 0
 
 
-def _head_setups(args, model, shards):
-    """The heads `train heads` names (--eagle, --mtp, --draft) -> (setups, {kind: out folder}, {kind: lr})."""
+def _head_setups(args, model, shards, kinds=None):
+    """The heads `train heads` names (--eagle, --mtp, --draft), or `kinds` -> (setups, {kind: out folder or
+    None}, {kind: lr})."""
     from .draft import draft_setup
     from .eagle import eagle_setup
     from .mtp import mtp_setup
@@ -193,11 +193,40 @@ def _head_setups(args, model, shards):
                                          seed=args.seed, shards=shards),
             "mtp": lambda: mtp_setup(model, args.data, args.modules, args.mtp_vocab, seed=args.seed, shards=shards),
             "draft": lambda: draft_setup(model, args.data, args.width, args.layers, seed=args.seed)}
-    outs = {kind: getattr(args, kind) for kind in made if getattr(args, kind)}
+    if kinds is not None:
+        unknown = sorted(set(kinds) - set(made))
+        if unknown:
+            raise ValueError(f"unknown heads {unknown}: choose from {sorted(made)}")
+    outs = ({kind: getattr(args, kind) for kind in made if getattr(args, kind)} if kinds is None
+            else {kind: None for kind in kinds})
     if not outs:
         raise ValueError("name at least one head to train: --eagle OUT, --mtp OUT, --draft OUT")
     lrs = {kind: getattr(args, f"{kind}_lr") for kind in outs}
     return [made[kind]() for kind in outs], outs, lrs
+
+
+def _joint_config(args, steps: int, lrs: dict, name: str):
+    """The JointConfig of _head_options' flags (saving and logging at their defaults)."""
+    from .joint import JointConfig
+
+    warmup = min(100, steps // 10) if args.warmup is None else args.warmup
+    return JointConfig(name=name, steps=steps, lrs=lrs, warmup=warmup, tokens_per_batch=args.batch_tokens,
+                       answer_only=not args.all_positions, seed=args.seed, optimizer=args.optimizer)
+
+
+def cmd_profile_heads(args) -> int:
+    import jaxspec
+
+    from .profile import joint_markdown, profile_joint_step
+
+    model = jaxspec.load(args.target)
+    setups, _, lrs = _head_setups(args, model, None, kinds=[k for k in args.heads.split(",") if k])
+    result = profile_joint_step(model, args.data, setups, _joint_config(args, args.steps, lrs, "profile"), args.step)
+    print(f"the batch of step {args.step}: {result['settings']}\n{joint_markdown(result)}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"provenance": _provenance(), **result}, f, indent=1)
+    return 0
 
 
 def cmd_profile(args) -> int:
@@ -373,12 +402,33 @@ def _draft_commands(tsub) -> None:
     op.set_defaults(handler=cmd_onpolicy)
 
 
+def _head_options(p: argparse.ArgumentParser) -> None:
+    """The options that shape a joint run's heads, batches and optimizer (train heads, train profile-heads)."""
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--all-positions", action="store_true", help="score prompt positions too (default: answers)")
+    p.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",     # loop.OPTIMIZERS
+                   help="muon: Muon on the 2-D weights, AdamW on the rest (optax.contrib.muon)")
+    p.add_argument("--eagle-lr", type=float, default=5e-4)
+    p.add_argument("--mtp-lr", type=float, default=6e-4)
+    p.add_argument("--draft-lr", type=float, default=1e-3)
+    p.add_argument("--eagle-vocab", type=int, default=8192)
+    p.add_argument("--ttt-steps", type=int, default=4)
+    p.add_argument("--mtp-vocab", type=int, default=8192)
+    p.add_argument("--modules", type=int, default=2)
+    p.add_argument("--width", type=int, default=192)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+
+
 def _joint_commands(tsub) -> None:
-    """train heads (one pass of the target for every head), train profile (one step timed by part)."""
+    """train heads (one pass of the target for every head), train profile-heads (its step timed by part)."""
     h = tsub.add_parser("heads", help="train EAGLE, MTP and the draft model together: one pass of the target per "
                                       "batch; state in $JAXSPEC_CACHE/runs/NAME, a fallback to commit")
-    h.add_argument("--target", default="smollm2-135m-instruct")
-    h.add_argument("--data", required=True, help="a folder made by `jaxspec train data`")
+    _head_options(h)
     h.add_argument("--name", required=True, help="the run's name: rerun the same command to resume it")
     h.add_argument("--eagle", default=None, help="train an EAGLE head (tied output rows) and write it here")
     h.add_argument("--mtp", default=None, help="train MTP modules and write them here")
@@ -386,21 +436,6 @@ def _joint_commands(tsub) -> None:
     h.add_argument("--fallback", default=None, help="the fallback folder (default: DATA/../runs/NAME)")
     h.add_argument("--fallback-minutes", type=float, default=60.0, help="write the fallback this often")
     h.add_argument("--epochs", type=float, default=None, help="passes over the data (sets --steps)")
-    h.add_argument("--steps", type=int, default=1000)
-    h.add_argument("--warmup", type=int, default=None)
-    h.add_argument("--batch-tokens", type=int, default=4096)
-    h.add_argument("--all-positions", action="store_true", help="score prompt positions too (default: answers)")
-    h.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",     # loop.OPTIMIZERS
-                   help="muon: Muon on the 2-D weights, AdamW on the rest (optax.contrib.muon)")
-    h.add_argument("--eagle-lr", type=float, default=5e-4)
-    h.add_argument("--mtp-lr", type=float, default=6e-4)
-    h.add_argument("--draft-lr", type=float, default=1e-3)
-    h.add_argument("--eagle-vocab", type=int, default=8192)
-    h.add_argument("--ttt-steps", type=int, default=4)
-    h.add_argument("--mtp-vocab", type=int, default=8192)
-    h.add_argument("--modules", type=int, default=2)
-    h.add_argument("--width", type=int, default=192)
-    h.add_argument("--layers", type=int, default=4)
     h.add_argument("--save-every", type=int, default=50)
     h.add_argument("--log-every", type=int, default=10)
     h.add_argument("--until", type=int, default=None, help="stop after this step; rerun to continue")
@@ -410,9 +445,15 @@ def _joint_commands(tsub) -> None:
     h.add_argument("--eval-prompts", type=int, default=8)
     h.add_argument("--eval-tokens", type=int, default=64)
     h.add_argument("--prompts-dir", default=DEFAULT_DIR)
-    h.add_argument("--seed", type=int, default=0)
     _shards_arg(h)
     h.set_defaults(handler=cmd_heads)
+    ph = tsub.add_parser("profile-heads", help="a joint run's step timed by part on its real batch: the target's "
+                                               "features and each head's step, with XLA's FLOP counts")
+    _head_options(ph)
+    ph.add_argument("--heads", default="eagle,mtp,draft", help="comma-separated: eagle, mtp, draft")
+    ph.add_argument("--step", type=int, default=0, help="time the batch of this step")
+    ph.add_argument("--out", default=None, help="a JSON file for the result")
+    ph.set_defaults(handler=cmd_profile_heads)
     pr = tsub.add_parser("profile", help="one EAGLE training step timed by part, with XLA's FLOP counts")
     pr.add_argument("--target", default="smollm2-135m-instruct")
     pr.add_argument("--precision", choices=["f32", "bf16", "both"], default="both")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxspec.flops import scan_unroll
+
 
 def shift_left(x: jax.Array, by: int = 1) -> jax.Array:
     """x [B, T, ...] -> x[:, t + by] at t (the last `by` positions repeat x[:, -1]; callers mask them)."""
@@ -72,7 +74,8 @@ def chunked_soft_ce(draft_logits, target_logits, h: jax.Array, x: jax.Array, val
         ce, top = one(*chunk_args)
         return (carry[0] + ce, carry[1] + top), None
 
-    (ce_sum, top_sum), _ = jax.lax.scan(body, (jnp.zeros(J), jnp.zeros(J, jnp.int32)), chunks)
+    zero = (jnp.zeros(J), jnp.zeros(J, jnp.int32))
+    (ce_sum, top_sum), _ = jax.lax.scan(body, zero, chunks, unroll=scan_unroll())
     count = jnp.maximum(valid.sum(-1), 1)
     per_step, top1 = ce_sum / count, top_sum / count
     weights = decay ** jnp.arange(J, dtype=jnp.float32)

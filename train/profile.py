@@ -1,7 +1,11 @@
-"""One EAGLE training step timed by part on a batch of the training shape: where the time goes and at
-what rate. FLOPs come from XLA's cost analysis of each compiled part; a part's time is the best of
-`repeats` runs after one warm-up; parts are nested (the forward, the forward and backward, the whole
-step), so the table also gives each part by difference.
+"""Training steps timed by part: where the time goes and at what rate. FLOPs come from XLA's cost
+analysis of each compiled part; a part's time is the best of `repeats` runs after one warm-up.
+profile_eagle_step: one EAGLE step on a random batch of the training shape, in nested parts (the forward,
+the forward and backward, the whole step), so the table also gives each part by difference.
+profile_joint_step: a joint run's real batch (`jaxspec train heads`): the target's features, then each
+head's whole step (loss, gradient, optimizer update) alone; their sum is the joint step.
+XLA counts the body of a loop once, so the FLOPs come from a copy compiled with the training scans
+unrolled (jaxspec/flops.py): profiles written before it undercount every chunked loss.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxspec.flops import counting
 from jaxspec.heads.eagle import DraftVocab, EagleConfig, EagleHead
 from jaxspec.models import lm_head_rows
 from jaxspec.precision import bf16_operands, einsum
@@ -43,18 +48,21 @@ def _flops(exe) -> float:
 
 
 def time_part(fn, args: tuple, repeats: int, bf16: bool) -> dict:
-    """Compile fn(*args) (bfloat16 operands if bf16) -> {"seconds": best of repeats, "gflop", "compile_s"}."""
+    """Compile fn(*args) (bfloat16 operands if bf16) -> {"seconds": best of repeats, "gflop", "compile_s"};
+    the FLOPs of a copy compiled with its scans unrolled (jaxspec/flops.py)."""
     start = time.perf_counter()
     with bf16_operands(bf16):
         exe = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - start
+    with bf16_operands(bf16), counting():        # a new function: jit's trace cache ignores the context
+        gflop = _flops(jax.jit(lambda *a: fn(*a)).lower(*args).compile()) / 1e9
     jax.block_until_ready(exe(*args))
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(exe(*args))
         best = min(best, time.perf_counter() - start)
-    return {"seconds": best, "gflop": _flops(exe) / 1e9, "compile_s": compile_s}
+    return {"seconds": best, "gflop": gflop, "compile_s": compile_s}
 
 
 def _batch(model, cfg: ProfileConfig, layers: tuple) -> dict:
@@ -108,3 +116,38 @@ def markdown(result: dict) -> str:
     for name, r in result["parts"].items():
         lines.append(f"| {name} | {r['seconds']:.2f} | {r['gflop']:.0f} | {r['gflops']:.0f} | {r['compile_s']:.1f} |")
     return "\n".join(lines)
+
+
+def profile_joint_step(model, data_dir: str, setups: list, cfg, step: int = 0, repeats: int = 3) -> dict:
+    """setups: train/heads.HeadSetup of each head; cfg: train/joint.JointConfig; the batch of `step` (a pure
+    function of seed and step). -> {"parts": {"target features" | "<kind> step": {"seconds", "gflop", "gflops",
+    "compile_s"}}, "settings": {"step", "rows", "seq_len", "loss_positions", "optimizer", "bf16"}}."""
+    from .joint import NOT_RESUMED, _batches
+
+    batches, _ = _batches(data_dir, setups, cfg, None)
+    host = batches.batch(step)
+    layers = tuple(setups[0].feature_layers)
+    features = lambda p, t: target_features(p, t, model.config, layers)          # [B, T, N + 1, E]
+    tokens = jnp.asarray(host["tokens"])
+    parts = {"target features": time_part(features, (model.params, tokens), repeats, cfg.bf16)}
+    with bf16_operands(cfg.bf16):
+        batch = {**host, "feats": jax.jit(features)(model.params, tokens)}
+    for s in setups:
+        opt = loop.make_optimizer(cfg.train_config(s.kind))
+        state = {"params": s.params, "opt_state": opt.init(s.params), "step": jnp.int32(step),
+                 "resumed_at": jnp.int32(NOT_RESUMED)}
+        step_fn = loop._step_fn(s.loss_fn, opt, cfg.rewarm)
+        parts[f"{s.kind} step"] = time_part(step_fn, (state, s.frozen, batch), repeats, cfg.bf16)
+    parts = {name: {**r, "gflops": r["gflop"] / r["seconds"]} for name, r in parts.items()}
+    B, T = host["tokens"].shape
+    positions = int((host["loss_index"] >= 0).sum()) if "loss_index" in host else B * T
+    return {"parts": parts, "settings": {"step": step, "rows": B, "seq_len": T, "loss_positions": positions,
+                                         "optimizer": cfg.optimizer, "bf16": cfg.bf16}}
+
+
+def joint_markdown(result: dict) -> str:
+    """markdown(result) and a last row: the joint step, the sum of the parts."""
+    parts = result["parts"].values()
+    seconds, gflop = sum(r["seconds"] for r in parts), sum(r["gflop"] for r in parts)
+    return (markdown(result) + f"\n| joint step (sum) | {seconds:.2f} | {gflop:.0f} | {gflop / seconds:.0f} | "
+            f"{sum(r['compile_s'] for r in parts):.1f} |")

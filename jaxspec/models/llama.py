@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from ..cache import KVCache, advance, attention_mask, positions, write_layer
 from ..config import ModelConfig
+from ..flops import scan_unroll
 from ..precision import einsum, project
 
 
@@ -214,7 +215,8 @@ def forward_hidden(params, tokens: jax.Array, cache: KVCache, cfg: ModelConfig,
     if isinstance(layers, dict):                                   # stacked: scan
         x0 = x
         (x, cache), per_layer = jax.lax.scan(step, (x, cache),
-                                             (layers, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+                                             (layers, jnp.arange(cfg.num_layers, dtype=jnp.int32)),
+                                             unroll=scan_unroll())
         if collect:
             hidden = jnp.concatenate([x0[None], per_layer], axis=0)[jnp.asarray(hidden_layers)]
     else:                                                          # per-layer: unrolled
