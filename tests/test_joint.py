@@ -86,6 +86,7 @@ def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path,
     in FALLBACK/curve.jsonl."""
     import jax
 
+    import jaxspec.drafters
     from jaxspec.train import acceptance as measured
     model, data_dir, _ = tiny_data
     drafters = _run(model, data_dir, tmp_path, "curve", until=3)
@@ -94,19 +95,23 @@ def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path,
     prompts, seen = [[3, 4, 5, 6, 7, 8], [9, 8, 7, 6]], []
     real = measured.acceptance
     monkeypatch.setattr(measured, "acceptance", lambda m, d, p, n: seen.append(d) or real(m, d, p, n))
+    # the model ships an EAGLE head (here the one the run wrote) besides its suffix store
+    monkeypatch.setattr(jaxspec.drafters, "shipped_kinds", lambda m: ["eagle", "suffix"])
+    monkeypatch.setattr(jaxspec.drafters, "shipped", lambda m, kind: drafters[kind])
     folder = str(tmp_path / "curve" / "fallback")
     point = evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
-    assert point["step"] == 3 and point["written"] and len(seen) == 3 + 2              # the heads, NGram, Suffix
-    assert [type(d).__name__ for d in seen[3:]] == ["NGram", "Suffix"]
+    assert point["step"] == 3 and point["written"] and len(seen) == 3 + 3     # the heads, NGram, Suffix, shipped EAGLE
+    assert [type(d).__name__ for d in seen[3:]] == ["NGram", "Suffix", "Eagle"]
     base = json.load(open(os.path.join(tmp_path, "curve", "fallback", "baselines.json")))
     assert base["drafters"]["ngram"] == real(model, seen[3], prompts, 12)
+    assert base["drafters"]["shipped eagle"] == real(model, drafters["eagle"], prompts, 12)
     for kind, drafter in zip(KINDS, seen):
         assert point[kind] == real(model, drafters[kind], prompts, 12), kind
         leaves = [jax.tree.leaves(d.params_for(model)) for d in (drafter, drafters[kind])]
         for got, want in zip(*leaves):
             np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-6)
     evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
-    assert len(seen) == 5 + 3                                          # the baselines were kept, not measured again
+    assert len(seen) == 6 + 3                                          # the baselines were kept, not measured again
     lines = [json.loads(x) for x in open(os.path.join(folder, "curve.jsonl"))]
     assert [x["step"] for x in lines] == [3, 3] and lines[0] == lines[1]
     assert open(os.path.join(folder, "curve.png"), "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -259,21 +259,23 @@ def evaluate_fallback(model, data_dir: str, setups: list[HeadSetup], cfg: JointC
 
 
 def baselines(model, data_dir: str, prompts: list, eval_tokens: int, folder: str) -> dict:
-    """What a trained head must beat on the curve's prompts: NGram and Suffix (a store of the data's
-    answers; the held-out prompts' are not in it), measured as the heads are; kept in FOLDER/baselines.json
-    and measured again only when the prompts, length or target change. -> {"key", "drafters": {name: ...}}."""
-    from jaxspec.drafters import NGram, Suffix
+    """What a trained head must beat on the curve's prompts: NGram, Suffix (a store of the data's answers;
+    the held-out prompts' are not in it) and the heads shipped for the model now ("shipped eagle", ...),
+    measured as the heads are; kept in FOLDER/baselines.json and measured again only when the prompts,
+    length, target or drafters change. -> {"key", "drafters": {name: ...}}."""
+    from jaxspec.drafters import NGram, Suffix, shipped, shipped_kinds
 
     from .acceptance import acceptance
 
-    key = {"target": model.source, "prompts": prompts, "eval_tokens": eval_tokens}
+    drafters = {"ngram": NGram(), "suffix": Suffix.from_data(data_dir),
+                **{f"shipped {kind}": shipped(model, kind) for kind in shipped_kinds(model) if kind != "suffix"}}
+    key = {"target": model.source, "prompts": prompts, "eval_tokens": eval_tokens, "drafters": sorted(drafters)}
     path = os.path.join(folder, BASELINES)
     if os.path.isfile(path):
         with open(path) as f:
             kept = json.load(f)
         if kept.get("key") == key:
             return kept
-    drafters = {"ngram": NGram(), "suffix": Suffix.from_data(data_dir)}
     kept = {"key": key, "drafters": {name: acceptance(model, d, prompts, eval_tokens) for name, d in drafters.items()}}
     if jax.process_index() == 0:
         with open(path, "w") as f:

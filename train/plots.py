@@ -50,17 +50,22 @@ def plot_run(run_dir: str, out_dir: str | None = None) -> str | None:
 def plot_curve(folder: str, curve: list[dict], tokens_per_step: int, baselines: dict | None = None) -> str | None:
     """curve.png beside a joint run's fallback: each head's held-out mean accepted length (K=5, greedy)
     against the step (and the tokens it had trained on) from its curve.jsonl records, and each baseline
-    ({drafter name: its mean accepted length on the same prompts}) as a dashed line; -> its path."""
+    ({drafter name: its mean accepted length on the same prompts}) as a dashed line (a shipped head's
+    dotted, in its head's colour); -> its path."""
     plt = pyplot(f"curve.png of {folder}")
     if plt is None or not curve:
         return None
     points = sorted(curve, key=lambda r: r["step"])
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    colors = {}
     for kind in [k for k in points[-1] if isinstance(points[-1][k], dict)]:
         got = [(r["step"], r[kind]["mean_accepted_length"]) for r in points if kind in r]
-        ax.plot(*zip(*got), "o-", label=kind)
+        colors[kind] = ax.plot(*zip(*got), "o-", label=kind)[0].get_color()
     for name, value in (baselines or {}).items():
-        ax.axhline(value, linestyle="--", color="gray" if name == "ngram" else "black", linewidth=1, label=name)
+        head = name.removeprefix("shipped ")
+        style = ({"linestyle": ":", "color": colors.get(head, "tab:gray")} if name != head else
+                 {"linestyle": "--", "color": "gray" if name == "ngram" else "black"})
+        ax.axhline(value, linewidth=1, label=name, **style)
     ax.set(title="held-out mean accepted length (K=5, greedy)", xlabel=f"step ({tokens_per_step:,} tokens each)",
            xlim=(0, None))
     ax.legend()
