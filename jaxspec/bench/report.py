@@ -199,8 +199,9 @@ def compare_markdown(r: dict, path: str, bins: int = 4) -> str:
             rows.append(f"| {kind} | {name} | " + " | ".join(f"{t:.3f}" for t in top1)
                         + f" | {run['window_loss_first']:.3f} | {run['median_seconds_per_step']:.1f} |")
     picture = os.path.splitext(path)[0] + ".png"
+    link = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(path))), os.path.basename(picture))
     note = r.get("note", "")
     return ("Top-1 agreement of each head's first draft token with the target, logged at the same steps of runs of "
             "one seed (the same batch at each step; in a first epoch each batch is new to the head). "
             + (note + " " if note else "") + "\n\n" + "\n".join(rows) + "\n"
-            + (f"\n![{os.path.basename(picture)}]({picture})\n" if os.path.isfile(picture) else ""))
+            + (f"\n![{os.path.basename(picture)}]({link})\n" if os.path.isfile(picture) else ""))
