@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -78,6 +79,36 @@ def test_a_run_whose_cache_is_gone_resumes_from_the_fallback(tiny_data, tmp_path
         assert [r["step"] for r in got] == [4, 5, 6], kind
         assert [r["lr"] for r in got] == [r["lr"] for r in ref[3:]], kind          # the schedule continues
         np.testing.assert_allclose(got[0]["loss"], ref[3]["loss"], rtol=2e-2, err_msg=kind)
+
+
+def test_a_fallback_linked_to_its_shipped_heads_reads_their_parameters(tiny_data, tmp_path):  # noqa: F811
+    """Heads saved at the fallback's step (--until) hold its parameters: `train link-fallback` drops the
+    fallback's copies and it reads the same bfloat16 values from the heads (the draft model from its Hugging
+    Face folder); a head replaced since, or one of another step, is refused."""
+    from jaxspec.cli import main
+
+    model, data_dir, _ = tiny_data
+    drafters = _run(model, data_dir, tmp_path, "ship", until=3)
+    folder, settings = tmp_path / "ship" / "fallback", json.loads((tmp_path / "ship" / "fallback" / "run.json").read_text())["settings"]
+    own = fallback.read(str(folder), settings)
+    shutil.copytree(folder, tmp_path / "own")
+    heads = {kind: str(tmp_path / "ship" / kind) for kind in KINDS}
+    assert main(["train", "link-fallback", str(folder)] + [a for k in KINDS for a in (f"--{k}", heads[k])]) == 0
+    assert not any((folder / f"{kind}.safetensors").exists() for kind in KINDS)
+    linked = fallback.read(str(folder), settings)
+    assert linked["step"] == own["step"] == 3
+    for kind in KINDS:
+        assert sorted(linked["params"][kind]) == sorted(own["params"][kind]), kind
+        for name, value in own["params"][kind].items():
+            np.testing.assert_array_equal(linked["params"][kind][name], value, err_msg=f"{kind} {name}")
+    _run(model, data_dir, tmp_path, "other", until=2)
+    with pytest.raises(ValueError, match="does not hold the parameters"):
+        fallback.link(str(tmp_path / "own"), {"eagle": str(tmp_path / "other" / "eagle")})
+    changed = drafters["eagle"]
+    changed.state = jax.tree.map(lambda x: x * 1.5 if x.dtype == np.float32 else x, changed.state)
+    changed.save(heads["eagle"])
+    with pytest.raises(ValueError, match="not the one the fallback"):
+        fallback.read(str(folder), settings)
 
 
 def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path, monkeypatch):  # noqa: F811

@@ -284,6 +284,28 @@ def test_scaling_curve_trains_each_fraction_for_the_same_epochs(tiny_data, tmp_p
     assert again["runs"] == result["runs"]               # finished runs are read back, not trained again
 
 
+def test_seen_counts_what_the_batches_held_across_epochs(tiny_data):
+    """A head's metadata says what it trained on: batches.seen(steps) against the examples found in the
+    batches of those steps themselves (their rows matched to the data's examples)."""
+    from jaxspec.train.batches import FeatureBatches
+
+    m, data_dir, _ = tiny_data
+    batches = FeatureBatches(data_dir, None, 256, seed=3)
+    prompt_len = {tuple(ids.tolist()): p for ids, p in data.iter_examples(data_dir)}
+    n = batches.batches_per_epoch
+    for steps in (0, 1, n - 1, n, n + 2, 2 * n):
+        examples = tokens = answers = 0
+        for k in range(steps):
+            for row in batches.batch(k)["tokens"]:
+                length = next((L for L in range(len(row), 0, -1) if tuple(row[:L].tolist()) in prompt_len), 0)
+                if length:
+                    examples, tokens = examples + 1, tokens + length
+                    answers += length - prompt_len[tuple(row[:length].tolist())]
+        assert batches.seen(steps) == {"steps": steps, "epochs": round(steps / n, 3), "examples": examples,
+                                       "tokens": tokens, "answer_tokens": answers}
+    assert batches.seen(2 * n)["answer_tokens"] == 2 * data.summary(data_dir)["answer_tokens"]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_shards_restrict_training_to_the_chosen_data_shards(tiny_data, tmp_path, kind):
     """select_shards (`--shards`) names shards by index; every trainer then reads only those."""

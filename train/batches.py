@@ -29,12 +29,13 @@ class FeatureBatches:
                  pack: bool = False):
         names = shard_names(data_dir) if names is None else names
         feats = load_features(feat_dir, names) if feat_dir else [None] * len(names)
-        self.seqs, self.where, self.first_loss = [], [], []
+        self.seqs, self.where, self.first_loss, self.prompt_lengths = [], [], [], []
         for shard, name in zip(feats, names):
             seqs, prompt_lengths = read_shard(data_dir, name)
             start = 0
             for s, p in zip(seqs, prompt_lengths):
                 self.seqs.append(s)
+                self.prompt_lengths.append(int(p))
                 self.where.append((shard, start))
                 self.first_loss.append(max(0, p - 2) if answer_only else 0)
                 start += len(s)
@@ -58,6 +59,22 @@ class FeatureBatches:
     @property
     def num_tokens(self) -> int:
         return sum(len(s) for s in self.seqs)
+
+    def seen(self, steps: int) -> dict:
+        """What the batches of steps 0 .. steps - 1 hold, an example counted once per epoch it comes in:
+        {"steps", "epochs", "examples", "tokens", "answer_tokens"}."""
+        full, part = divmod(steps, self.batches_per_epoch)
+        epoch_ix = [i for ix in self.buckets.values() for i in ix]          # the examples of >= 2 tokens
+        part_ix = [i for _, rows in self.plan(full)[:part] for i in rows] if part else []
+        examples, tokens, answers = (full * self._totals(epoch_ix) + self._totals(part_ix)).tolist()
+        return {"steps": steps, "epochs": round(steps / self.batches_per_epoch, 3), "examples": examples,
+                "tokens": tokens, "answer_tokens": answers}
+
+    def _totals(self, ix: list[int]) -> np.ndarray:
+        """-> int64[3]: examples, tokens and answer tokens of examples ix."""
+        lengths = np.array([len(self.seqs[i]) for i in ix], np.int64)
+        prompts = np.array([self.prompt_lengths[i] for i in ix], np.int64)
+        return np.array([len(ix), lengths.sum(), (lengths - prompts).sum()], np.int64)
 
     def plan(self, epoch: int) -> list[tuple[int, list[int]]]:
         """The epoch's batches as (bucket T, example indices)."""

@@ -182,6 +182,17 @@ def cmd_heads(args) -> int:
     return 0
 
 
+def cmd_link_fallback(args) -> int:
+    from . import fallback
+
+    heads = {kind: getattr(args, kind) for kind in ("eagle", "mtp", "draft") if getattr(args, kind)}
+    if not heads:
+        raise ValueError("name the shipped heads to link: --eagle DIR, --mtp DIR, --draft DIR")
+    fallback.link(args.fallback, heads)
+    print(f"{args.fallback}: {', '.join(heads)} now read from {', '.join(heads.values())}")
+    return 0
+
+
 def _head_setups(args, model, shards, kinds=None):
     """The heads `train heads` names (--eagle, --mtp, --draft), or `kinds` -> (setups, {kind: out folder or
     None}, {kind: lr})."""
@@ -308,6 +319,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _eagle_commands(tsub)
     _draft_commands(tsub)
     _joint_commands(tsub)
+    _fallback_commands(tsub)
 
 
 def _data_commands(tsub) -> None:
@@ -483,3 +495,13 @@ def _joint_commands(tsub) -> None:
     cp.add_argument("--note", default=None, help="what the runs differ in, for the report")
     cp.add_argument("--out", default=None, help="OUT.json and OUT.png")
     cp.set_defaults(handler=cmd_compare)
+
+
+def _fallback_commands(tsub) -> None:
+    """train link-fallback."""
+    lk = tsub.add_parser("link-fallback", help="point a run's fallback at heads saved from it at its step (shipped "
+                                               "with --until), dropping its own copies of their parameters")
+    lk.add_argument("fallback", help="the fallback folder, e.g. checkpoints/MODEL/runs/NAME")
+    for kind in ("eagle", "mtp", "draft"):
+        lk.add_argument(f"--{kind}", default=None, help=f"the {kind} head's folder")
+    lk.set_defaults(handler=cmd_link_fallback)

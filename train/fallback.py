@@ -7,10 +7,15 @@ each one replacing the last:
 
 The data cursor and the random state are functions of the run's seed and step (train/batches.py), so
 they are the step; optimizer moments are left out (they would triple the size) and re-warmed on resume.
+
+A fallback may instead point at heads shipped from the same step (link): run.json's "heads" gives each
+linked kind's folder and the digest of its parameters, and <kind>.safetensors is gone, so a session that
+ships its heads commits their parameters once, not twice.
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 
@@ -67,9 +72,72 @@ def read(folder: str, settings: dict) -> dict | None:
         changed = settings_changed(theirs, mine)
         if changed:
             raise ValueError(f"cannot resume {kind} from the fallback in {folder}: settings differ in {changed}")
-    params = {kind: {k: np.asarray(v, np.float32)
-                     for k, v in load_file(os.path.join(folder, f"{kind}.safetensors")).items()} for kind in settings}
+    params = {kind: _params(folder, index, kind) for kind in settings}
     return {"step": int(index["step"]), "written": index.get("written"), "params": params}
+
+
+def _params(folder: str, index: dict, kind: str) -> dict:
+    """{flat name: float32 array} of one head of the fallback: its own file, or the head it is linked to."""
+    linked = index.get("heads", {}).get(kind)
+    if linked is None:
+        return {k: np.asarray(v, np.float32) for k, v in load_file(os.path.join(folder, f"{kind}.safetensors")).items()}
+    head = os.path.normpath(os.path.join(folder, linked["folder"]))
+    params = head_params(kind, head)
+    if digest(params) != linked["digest"]:
+        raise ValueError(f"the {kind} head in {head} is not the one the fallback in {folder} was linked to "
+                         f"(replaced since?): resume from the run's own state, or restore that head")
+    return params
+
+
+def head_params(kind: str, head: str) -> dict:
+    """A saved head's trained parameters named as a fallback names them {"a/b/0": float32 array}: the
+    inverse of its setup's drafter_of (train/eagle.py, train/mtp.py, train/draft.py)."""
+    from jaxspec.drafters import MTP, DraftModel, Eagle
+    from jaxspec.heads.eagle import DraftVocab
+    from jaxspec.models.llama import stack_layers
+
+    if kind == "draft":                     # a loaded model keeps one dict per layer, training stacks them
+        params = DraftModel.load(head).model.params
+        state = {"weights": {**params, "layers": stack_layers(params["layers"])}}
+    elif kind in ("eagle", "mtp"):
+        state = nnx.split({"eagle": Eagle, "mtp": MTP}[kind].load(head).head(), nnx.Param, DraftVocab)[1]
+    else:
+        raise ValueError(f"no {kind!r} head: eagle, mtp or draft")
+    return {k: np.asarray(v, np.float32) for k, v in _flat(state).items()}
+
+
+def digest(params: dict) -> str:
+    """sha256 of {name: array} as stored (names sorted, values in bfloat16)."""
+    import ml_dtypes
+
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode() + b"\0" + np.ascontiguousarray(np.asarray(params[name]).astype(ml_dtypes.bfloat16)).tobytes())
+    return h.hexdigest()
+
+
+def link(folder: str, heads: dict) -> None:
+    """Point the fallback in folder at heads {kind: head folder} saved from its parameters (the run stopped
+    at the fallback's step with --until), dropping its own copies; ValueError, nothing changed, when a
+    head's parameters differ from the fallback's in bfloat16."""
+    with open(os.path.join(folder, INDEX)) as f:
+        index = json.load(f)
+    links = {}
+    for kind, head in heads.items():
+        own, theirs = _params(folder, index, kind), head_params(kind, head)
+        if digest(own) != digest(theirs):
+            raise ValueError(f"the {kind} head in {head} does not hold the parameters of the fallback in {folder} "
+                             f"(step {index['step']}): save the head at that step (--until) and link again")
+        links[kind] = {"folder": os.path.relpath(head, folder), "digest": digest(theirs)}
+    index["heads"] = {**index.get("heads", {}), **links}
+    tmp = os.path.join(folder, f".{INDEX}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(index, f, indent=1)
+    os.replace(tmp, os.path.join(folder, INDEX))
+    for kind in links:
+        own = os.path.join(folder, f"{kind}.safetensors")
+        if os.path.exists(own):
+            os.remove(own)
 
 
 def unflatten_like(template, flat: dict):

@@ -68,7 +68,7 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
     params, done = loop.fit(loss_fn, params, frozen, batches, train_cfg, out_dir, settings, resume=resume,
                             evaluate=evaluate, progress=progress, on_step=on_step, until=until)
     return save_trained(model, data_dir, out_dir, out_dir, train_cfg, params, done, settings, drafter_of,
-                        training_meta, {"tokens_trained_on": batches.num_tokens, **data_meta}, evaluate)
+                        training_meta, {"trained_on": batches.seen(done), **data_meta}, evaluate)
 
 
 def save_trained(model, data_dir: str, run_dir: str, out_dir: str, train_cfg: loop.TrainConfig, params, done: int,

@@ -301,4 +301,4 @@ def _finish(model, data_dir: str, h: HeadRun, out_dir: str | None, batches, eval
     return save_trained(model, data_dir, h.dir, out_dir, h.train_cfg, params, int(h.state["step"]), h.settings,
                         drafter_of, {"tokens_per_batch": h.settings["tokens_per_batch"], "joint": True,
                                      "answer_only": h.settings["answer_only"], **h.setup.training_meta},
-                        {"tokens_trained_on": batches.num_tokens, **h.setup.data_meta}, evaluate)
+                        {"trained_on": batches.seen(int(h.state["step"])), **h.setup.data_meta}, evaluate)
