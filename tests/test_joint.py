@@ -239,3 +239,19 @@ def test_the_joint_step_profile_counts_the_target_forward_and_times_each_head(ti
         assert part["seconds"] > 0 and part["gflop"] > 0, name
     assert 0 < s["loss_positions"] <= tokens
     assert "joint step (sum)" in joint_markdown(result)
+
+
+def test_the_train_commands_name_the_flags_a_missing_head_wants(capsys):
+    """`train heads` without a head asks for --eagle OUT ..., `train profile-heads --heads ''` for --heads,
+    `train link-fallback` without a head for the heads' folders."""
+    from argparse import Namespace
+
+    from jaxspec.cli import main
+    from jaxspec.train.cli import _head_setups
+
+    with pytest.raises(ValueError, match="--heads eagle,mtp,draft"):
+        _head_setups(Namespace(data="d"), None, None, kinds=[])
+    with pytest.raises(ValueError, match="--eagle OUT, --mtp OUT"):
+        _head_setups(Namespace(data="d", eagle=None, mtp=None, draft=None), None, None)
+    assert main(["train", "link-fallback", "somewhere"]) == 2
+    assert "--eagle DIR, --mtp DIR, --draft DIR" in capsys.readouterr().err

@@ -211,7 +211,8 @@ def _head_setups(args, model, shards, kinds=None):
     outs = ({kind: getattr(args, kind) for kind in made if getattr(args, kind)} if kinds is None
             else {kind: None for kind in kinds})
     if not outs:
-        raise ValueError("name at least one head to train: --eagle OUT, --mtp OUT, --draft OUT")
+        raise ValueError("name at least one head to train: --eagle OUT, --mtp OUT, --draft OUT" if kinds is None
+                         else "name at least one head: --heads eagle,mtp,draft")
     lrs = {kind: getattr(args, f"{kind}_lr") for kind in outs}
     return [made[kind]() for kind in outs], outs, lrs
 
