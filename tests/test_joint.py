@@ -92,6 +92,8 @@ def test_a_fallback_linked_to_its_shipped_heads_reads_their_parameters(tiny_data
     folder, settings = tmp_path / "ship" / "fallback", json.loads((tmp_path / "ship" / "fallback" / "run.json").read_text())["settings"]
     own = fallback.read(str(folder), settings)
     shutil.copytree(folder, tmp_path / "own")
+    seen = {kind: d.metadata.data["trained_on"] for kind, d in drafters.items()}      # what the 3 steps held
+    assert all(s == seen["eagle"] and s["steps"] == 3 and 0 < s["answer_tokens"] < s["tokens"] for s in seen.values())
     heads = {kind: str(tmp_path / "ship" / kind) for kind in KINDS}
     assert main(["train", "link-fallback", str(folder)] + [a for k in KINDS for a in (f"--{k}", heads[k])]) == 0
     assert not any((folder / f"{kind}.safetensors").exists() for kind in KINDS)
@@ -115,8 +117,6 @@ def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path,
     """evaluate_fallback: each head of the committed fallback at its step, measured by acceptance() with the
     drafter its parameters make (the head the run wrote at that step, up to bfloat16), one line per call
     in FALLBACK/curve.jsonl."""
-    import jax
-
     import jaxspec.drafters
     from jaxspec.train import acceptance as measured
     model, data_dir, _ = tiny_data
@@ -132,6 +132,7 @@ def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path,
     folder = str(tmp_path / "curve" / "fallback")
     point = evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
     assert point["step"] == 3 and point["written"] and len(seen) == 3 + 3     # the heads, NGram, Suffix, shipped EAGLE
+    assert point["trained_on"] == drafters["eagle"].metadata.data["trained_on"]
     assert [type(d).__name__ for d in seen[3:]] == ["NGram", "Suffix", "Eagle"]
     base = json.load(open(os.path.join(tmp_path, "curve", "fallback", "baselines.json")))
     assert base["drafters"]["ngram"] == real(model, seen[3], prompts, 12)

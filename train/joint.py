@@ -240,11 +240,11 @@ def evaluate_fallback(model, data_dir: str, setups: list[HeadSetup], cfg: JointC
     -> {"step", "written", kind: {"mean_accepted_length", ...}}."""
     from .acceptance import acceptance
 
-    _, settings = _batches(data_dir, setups, cfg, shards)
+    batches, settings = _batches(data_dir, setups, cfg, shards)
     saved = fallback.read(fallback_dir, settings)
     if saved is None:
         raise ValueError(f"no fallback in {fallback_dir}")
-    point = {"step": saved["step"], "written": saved["written"]}
+    point = {"step": saved["step"], "written": saved["written"], "trained_on": batches.seen(saved["step"])}
     for s in setups:
         params = fallback.unflatten_like(s.params, saved["params"][s.kind])
         point[s.kind] = acceptance(model, s.drafter_of(params), prompts, eval_tokens)

@@ -58,7 +58,7 @@ def plot_curve(folder: str, curve: list[dict], tokens_per_step: int, baselines: 
     points = sorted(curve, key=lambda r: r["step"])
     fig, ax = plt.subplots(figsize=(6.5, 4))
     colors = {}
-    for kind in [k for k in points[-1] if isinstance(points[-1][k], dict)]:
+    for kind in [k for k, v in points[-1].items() if isinstance(v, dict) and "mean_accepted_length" in v]:
         got = [(r["step"], r[kind]["mean_accepted_length"]) for r in points if kind in r]
         colors[kind] = ax.plot(*zip(*got), "o-", label=kind)[0].get_color()
     for name, value in (baselines or {}).items():
@@ -68,5 +68,10 @@ def plot_curve(folder: str, curve: list[dict], tokens_per_step: int, baselines: 
         ax.axhline(value, linewidth=1, label=name, **style)
     ax.set(title="held-out mean accepted length (K=5, greedy)", xlabel=f"step ({tokens_per_step:,} tokens each)",
            xlim=(0, None))
+    counted = [r for r in points if r.get("trained_on", {}).get("steps")]
+    if counted:             # answer tokens trained on grow about linearly with the step
+        per_step = counted[-1]["trained_on"]["answer_tokens"] / counted[-1]["trained_on"]["steps"]
+        top = ax.secondary_xaxis("top", functions=(lambda s: s * per_step / 1e6, lambda m: m * 1e6 / per_step))
+        top.set_xlabel("answer tokens trained on (millions, about)")
     ax.legend()
     return save(fig, os.path.join(folder, "curve.png"))
