@@ -56,10 +56,6 @@ class FeatureBatches:
         m = self.rows_multiple
         return max(m, tokens_per_batch // T // m * m)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(s) for s in self.seqs)
-
     def seen(self, steps: int) -> dict:
         """What the batches of steps 0 .. steps - 1 hold, an example counted once per epoch it comes in:
         {"steps", "epochs", "examples", "tokens", "answer_tokens"}."""

@@ -48,8 +48,12 @@ def write(folder: str, step: int, params: dict, settings: dict, target: str) -> 
         tmp = os.path.join(folder, f".{kind}.safetensors.tmp")
         save_file(flat, tmp)
         os.replace(tmp, os.path.join(folder, f"{kind}.safetensors"))
-    index = {"step": int(step), "target": target, "settings": settings,
-             "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    _write_index(folder, {"step": int(step), "target": target, "settings": settings,
+                          "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+
+
+def _write_index(folder: str, index: dict) -> None:
+    """run.json, replaced atomically."""
     tmp = os.path.join(folder, f".{INDEX}.tmp")
     with open(tmp, "w") as f:
         json.dump(index, f, indent=1)
@@ -124,16 +128,12 @@ def link(folder: str, heads: dict) -> None:
         index = json.load(f)
     links = {}
     for kind, head in heads.items():
-        own, theirs = _params(folder, index, kind), head_params(kind, head)
-        if digest(own) != digest(theirs):
+        theirs = digest(head_params(kind, head))
+        if digest(_params(folder, index, kind)) != theirs:
             raise ValueError(f"the {kind} head in {head} does not hold the parameters of the fallback in {folder} "
                              f"(step {index['step']}): save the head at that step (--until) and link again")
-        links[kind] = {"folder": os.path.relpath(head, folder), "digest": digest(theirs)}
-    index["heads"] = {**index.get("heads", {}), **links}
-    tmp = os.path.join(folder, f".{INDEX}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(index, f, indent=1)
-    os.replace(tmp, os.path.join(folder, INDEX))
+        links[kind] = {"folder": os.path.relpath(head, folder), "digest": theirs}
+    _write_index(folder, {**index, "heads": {**index.get("heads", {}), **links}})
     for kind in links:
         own = os.path.join(folder, f"{kind}.safetensors")
         if os.path.exists(own):
