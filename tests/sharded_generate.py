@@ -17,6 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jaxspec  # noqa: E402
+from jaxspec.analysis import expected_tokens  # noqa: E402
 from jaxspec.decode import programs  # noqa: E402
 from jaxspec.drafters import MTP, DraftModel, Eagle, NGram, shipped  # noqa: E402
 from jaxspec.heads import EagleConfig, MTPConfig, init_eagle_params, init_mtp_params  # noqa: E402
@@ -27,8 +28,8 @@ from tests.conftest import TINY, tiny_model  # noqa: E402
 MESHES = [(8, 1), (4, 2), (2, 4)]
 TINY_MESHES = [(8, 1), (2, 4)]          # rows over data, weights over model; (4, 2): the real runs
 PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2][: 2 + i] for i in range(7)] + [[5] * 11]     # 8 lengths (distributed_run)
-# pinned step costs (plain steps) that make the adaptive policy switch between K = 0, chain and tree arms
-SWITCHING_COSTS = {0: 1.0, 2: 1.3, "tree": 1.5}
+NGRAM_COSTS = {0: 1.0, 2: 1.3}         # pinned step costs (plain steps) for NGram's contexts
+BREAK_EVEN = 1.001                      # a model drafter's arms cost this much more than its prior pays for
 QUESTIONS = ["Hi", "What is 2+2?", "Write a haiku about the sea.", "Name three colors.", "Tell me a joke.",
              "How do I sort a list in Python?", "Explain gravity to a child in simple words.", "Why?"]
 
@@ -50,19 +51,27 @@ def tiny_runs(model) -> list:
 
 
 def real_runs(model) -> list:
-    """SmolLM2's shipped drafters, adaptive (the default) with switching costs, K = 2 (arms 0 and 2) and a
-    tree offered to EAGLE. EAGLE runs on the model as loaded (30 layers unrolled: the case that deadlocked
-    on (4, 2)); the others on the same weights stacked (scanned layers: a third of the compile time)."""
+    """SmolLM2's shipped drafters, adaptive (the default) with switching costs (switching_costs), K = 2
+    (arms 0 and 2) and a tree offered to EAGLE. EAGLE runs on the model as loaded (30 layers unrolled:
+    the case that deadlocked on (4, 2)); the others on the same weights stacked (scanned layers: a third
+    of the compile time)."""
     stacked = dataclasses.replace(model, params={**model.params, "layers": stack_layers(model.params["layers"])})
     kw = dict(max_new_tokens=10, num_draft_tokens=2)
     tree = jaxspec.Tree(8, 3, 2)
-    runs = [("eagle", model, shipped(model, "eagle"), {**kw, "tree": tree, "step_costs": _costs(tree)})]
-    runs += [(kind, stacked, shipped(model, kind), {**kw, "step_costs": _costs(None)}) for kind in ("mtp", "draft")]
-    return runs + [("ngram", stacked, NGram(), {**kw, "step_costs": _costs(None)})]
+    eagle = shipped(model, "eagle")
+    runs = [("eagle", model, eagle, {**kw, "tree": tree, "step_costs": switching_costs(eagle, tree)})]
+    runs += [(kind, stacked, d, {**kw, "step_costs": switching_costs(d)})
+             for kind, d in ((kind, shipped(model, kind)) for kind in ("mtp", "draft"))]
+    return runs + [("ngram", stacked, NGram(), {**kw, "step_costs": NGRAM_COSTS})]
 
 
-def _costs(tree) -> dict:
-    return {k: c for k, c in SWITCHING_COSTS.items() if k != "tree" or tree is not None}
+def switching_costs(drafter, tree=None) -> dict:
+    """Pinned step costs (plain steps) that put every speculative arm just short of paying at the drafter's
+    prior acceptance a: K = 0 wins the first step, and as its expected loss is near 0 the next step
+    probes K = 2 (policy.choose), whatever the heads' strength; then the text's acceptance decides."""
+    a = max(drafter.prior_acceptance)
+    costs = {0: 1.0, 2: BREAK_EVEN * float(expected_tokens(a, 2))}
+    return costs if tree is None else {**costs, "tree": BREAK_EVEN * float(expected_tokens(a, tree.depth))}
 
 
 def placements() -> list:

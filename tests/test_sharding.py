@@ -94,7 +94,7 @@ def test_sharded_adaptive_drafters_on_smollm2(sharded):
     _check_greedy(real)
     for name, arms in real["arms"].items():                     # the same arms as one device took ...
         assert all(steps == arms["one"] for steps in arms.values()), (name, arms)
-    for name in ("eagle", "mtp", "draft"):                       # ... switching between arms
+    for name in ("eagle", "mtp", "draft"):     # ... switching between arms (costs pinned at the prior's break-even)
         steps = real["arms"][name]["one"]
         assert sum(n > 0 for n in steps.values()) >= 2, (name, steps)
     for name, runs in real["sampled"].items():
