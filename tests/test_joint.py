@@ -10,10 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.bench.report import compare_markdown
+from jaxspec.bench.report import compare_markdown, report
 from jaxspec.drafters import MTP, DraftModel, Eagle
 from jaxspec.train import fallback, loop
 from jaxspec.train.compare import compare_runs, write_comparison
+from jaxspec.train.curve import run_curve, write_curve
 from jaxspec.train.draft import draft_setup
 from jaxspec.train.eagle import eagle_setup
 from jaxspec.train.joint import JointConfig, evaluate_fallback, run_dir, train_heads
@@ -149,6 +150,35 @@ def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path,
     assert open(os.path.join(folder, "curve.png"), "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no fallback"):
         evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, str(tmp_path / "none"), prompts)
+
+
+def test_a_runs_curve_counts_hours_from_a_profiled_step_into_benchmarks(tmp_path):
+    """`train curve`: each evaluated step of a fallback's curve.jsonl with the hours its steps take at a profiled
+    step's seconds (a head: the target's features plus its own step; the run: all parts), rendered by the
+    BENCHMARKS.md report with its picture."""
+    folder = str(tmp_path / "runs" / "r")
+    fallback.write(folder, 7200, {"eagle": {"w": np.ones((2, 2), np.float32)}}, {"eagle": {"lr": 1}}, "tiny")
+    with pytest.raises(ValueError, match="evaluate the run first"):
+        run_curve(folder, "unused.json")
+    seen = {"steps": 7200, "epochs": 1.5, "examples": 10, "tokens": 3000, "answer_tokens": 2000}
+    with open(os.path.join(folder, "curve.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 3600, "eagle": {"mean_accepted_length": 1.25}, "mtp": {"mean_accepted_length": 1.5}}))
+        f.write("\n" + json.dumps({"step": 7200, "trained_on": seen, "eagle": {"mean_accepted_length": 1.75},
+                                    "mtp": {"mean_accepted_length": 2.0}}) + "\n")
+    profile = {"provenance": {"machine": "2 CPU cores"},
+               "parts": {"target features": {"seconds": 3.0}, "eagle step": {"seconds": 6.0}, "mtp step": {"seconds": 1.0}}}
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    result = run_curve(folder, str(tmp_path / "profile.json"))
+    assert result["seconds_per_step"] == {"features": 3.0, "eagle": 6.0, "mtp": 1.0, "joint": 10.0}
+    assert [p["hours"] for p in result["points"]] == [{"eagle": 9.0, "mtp": 4.0, "joint": 10.0},
+                                                     {"eagle": 18.0, "mtp": 8.0, "joint": 20.0}]
+    assert result["points"][1]["trained_on"] == seen and result["baselines"] == {}
+    written = write_curve({**result, "date": "2026-01-04", "command": "jaxspec train curve R"}, str(tmp_path / "c.json"))
+    assert [os.path.basename(p) for p in written] == ["c.json", "c.png"]
+    text = report([written[0]])
+    assert "## 2026-01-04: training run r, held-out curve" in text and "![c.png](" in text
+    assert "| 3600 | - | - | 1.25 | 1.50 | 9.0, 4.0 | 10.0 |" in text
+    assert "| 7200 | 1.5 | 2,000 | 1.75 | 2.00 | 18.0, 8.0 | 20.0 |" in text
 
 
 def test_a_fallback_of_other_settings_is_refused(tmp_path):

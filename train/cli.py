@@ -193,6 +193,19 @@ def cmd_link_fallback(args) -> int:
     return 0
 
 
+def cmd_curve(args) -> int:
+    from .curve import run_curve, write_curve
+
+    result = {**_provenance(), **run_curve(args.fallback, args.profile)}
+    for p in result["points"]:
+        heads = ", ".join(f"{kind} {p[kind]:.2f} ({p['hours'][kind]:.2f} h)" for kind in ("eagle", "mtp", "draft")
+                          if kind in p)
+        print(f"step {p['step']}: {heads}")
+    if args.out:
+        print("wrote", *write_curve(result, args.out))
+    return 0
+
+
 def _head_setups(args, model, shards, kinds=None):
     """The heads `train heads` names (--eagle, --mtp, --draft), or `kinds` -> (setups, {kind: out folder or
     None}, {kind: lr})."""
@@ -499,10 +512,16 @@ def _joint_commands(tsub) -> None:
 
 
 def _fallback_commands(tsub) -> None:
-    """train link-fallback."""
+    """train link-fallback, train curve."""
     lk = tsub.add_parser("link-fallback", help="point a run's fallback at heads saved from it at its step (shipped "
                                                "with --until), dropping its own copies of their parameters")
     lk.add_argument("fallback", help="the fallback folder, e.g. checkpoints/MODEL/runs/NAME")
     for kind in ("eagle", "mtp", "draft"):
         lk.add_argument(f"--{kind}", default=None, help=f"the {kind} head's folder")
     lk.set_defaults(handler=cmd_link_fallback)
+    cv = tsub.add_parser("curve", help="a run's held-out curve (its fallback's curve.jsonl) against the hours of "
+                                       "a profiled step, as a result file for BENCHMARKS.md")
+    cv.add_argument("fallback", help="the fallback folder, e.g. checkpoints/MODEL/runs/NAME")
+    cv.add_argument("--profile", required=True, help="a `train profile-heads --out` result of the run's step")
+    cv.add_argument("--out", default=None, help="OUT.json and OUT.png (e.g. benchmarks/run-NAME.json)")
+    cv.set_defaults(handler=cmd_curve)
