@@ -2,6 +2,7 @@
 from its own state, and from its committed fallback when that state is gone (train/fallback.py)."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -145,8 +146,13 @@ def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path,
             np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-6)
     evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
     assert len(seen) == 6 + 3                                          # the baselines were kept, not measured again
+    other = copy.copy(drafters["eagle"])                               # another EAGLE head ships: measured again
+    other.state = jax.tree.map(lambda x: x * 2, other.state)
+    monkeypatch.setattr(jaxspec.drafters, "shipped", lambda m, kind: other)
+    evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, folder, prompts, eval_tokens=12)
+    assert len(seen) == 9 + 3 + 3 and seen[-1] is other
     lines = [json.loads(x) for x in open(os.path.join(folder, "curve.jsonl"))]
-    assert [x["step"] for x in lines] == [3, 3] and lines[0] == lines[1]
+    assert [x["step"] for x in lines] == [3, 3, 3] and lines[0] == lines[1] == lines[2]
     assert open(os.path.join(folder, "curve.png"), "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no fallback"):
         evaluate_fallback(model, data_dir, _setups(model, data_dir), cfg, str(tmp_path / "none"), prompts)

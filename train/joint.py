@@ -262,14 +262,15 @@ def baselines(model, data_dir: str, prompts: list, eval_tokens: int, folder: str
     """What a trained head must beat on the curve's prompts: NGram, Suffix (a store of the data's answers;
     the held-out prompts' are not in it) and the heads shipped for the model now ("shipped eagle", ...),
     measured as the heads are; kept in FOLDER/baselines.json and measured again only when the prompts,
-    length, target or drafters change. -> {"key", "drafters": {name: ...}}."""
+    length, target, drafters or the shipped heads' parameters change. -> {"key", "drafters": {name: ...}}."""
     from jaxspec.drafters import NGram, Suffix, shipped, shipped_kinds
 
     from .acceptance import acceptance
 
     drafters = {"ngram": NGram(), "suffix": Suffix.from_data(data_dir),
                 **{f"shipped {kind}": shipped(model, kind) for kind in shipped_kinds(model) if kind != "suffix"}}
-    key = {"target": model.source, "prompts": prompts, "eval_tokens": eval_tokens, "drafters": sorted(drafters)}
+    key = {"target": model.source, "prompts": prompts, "eval_tokens": eval_tokens, "drafters": sorted(drafters),
+           "shipped": {name: _fingerprint(d) for name, d in drafters.items() if name.startswith("shipped ")}}
     path = os.path.join(folder, BASELINES)
     if os.path.isfile(path):
         with open(path) as f:
@@ -281,6 +282,11 @@ def baselines(model, data_dir: str, prompts: list, eval_tokens: int, folder: str
         with open(path, "w") as f:
             json.dump(kept, f)
     return kept
+
+
+def _fingerprint(drafter) -> str:
+    """sha256 of a head's parameters (fallback.digest, in bfloat16): what a kept baseline was measured with."""
+    return fallback.digest({f"{i:04d}": leaf for i, leaf in enumerate(jax.tree.leaves(drafter.state))})
 
 
 def _write_fallback(heads: dict, fallback_dir: str, step: int, model) -> None:
