@@ -12,7 +12,8 @@ from jaxspec.plotting import pyplot
 
 from .fallback import INDEX
 from .joint import BASELINES, CURVE
-from .plots import save
+from .loop import read_jsonl
+from .plots import baseline_lines, save
 
 KINDS = ("eagle", "mtp", "draft")
 
@@ -24,11 +25,6 @@ def step_seconds(profile: dict) -> dict:
     seconds.update({kind: parts[f"{kind} step"]["seconds"] for kind in KINDS if f"{kind} step" in parts})
     seconds["joint"] = sum(seconds.values())
     return {k: round(v, 3) for k, v in seconds.items()}
-
-
-def _read_jsonl(path: str) -> list:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def run_curve(fallback_dir: str, profile_path: str) -> dict:
@@ -48,7 +44,7 @@ def run_curve(fallback_dir: str, profile_path: str) -> dict:
         with open(base_path) as f:
             base = {name: r["mean_accepted_length"] for name, r in json.load(f)["drafters"].items()}
     points = []
-    for r in sorted(_read_jsonl(path), key=lambda r: r["step"]):
+    for r in sorted(read_jsonl(path), key=lambda r: r["step"]):
         heads = {kind: r[kind]["mean_accepted_length"] for kind in KINDS if kind in r}
         hours = {kind: round(r["step"] * (seconds["features"] + seconds[kind]) / 3600, 3) for kind in heads}
         hours["joint"] = round(r["step"] * seconds["joint"] / 3600, 3)
@@ -69,11 +65,7 @@ def plot_hours(result: dict, path: str) -> str | None:
         got = [(p["hours"][kind], p[kind]) for p in result["points"] if kind in p]
         if got:
             colors[kind] = ax.plot(*zip(*got), "o-", label=kind)[0].get_color()
-    for name, value in result["baselines"].items():
-        head = name.removeprefix("shipped ")
-        style = ({"linestyle": ":", "color": colors.get(head, "tab:gray")} if name != head else
-                 {"linestyle": "--", "color": "gray" if name == "ngram" else "black"})
-        ax.axhline(value, linewidth=1, label=name, **style)
+    baseline_lines(ax, result["baselines"], colors)
     ax.set(title=f"{result['run']}: held-out mean accepted length (K=5, greedy)",
            xlabel=f"hours training the head alone ({result['profiled_on']}, profiled step)", xlim=(0, None))
     ax.legend(fontsize=8)

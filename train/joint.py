@@ -252,9 +252,8 @@ def evaluate_fallback(model, data_dir: str, setups: list[HeadSetup], cfg: JointC
     if jax.process_index() == 0:
         with open(os.path.join(fallback_dir, CURVE), "a") as f:
             f.write(json.dumps(point) + "\n")
-        with open(os.path.join(fallback_dir, CURVE)) as f:
-            plot_curve(fallback_dir, [json.loads(line) for line in f if line.strip()], cfg.tokens_per_batch,
-                       {name: r["mean_accepted_length"] for name, r in base["drafters"].items()})
+        plot_curve(fallback_dir, loop.read_jsonl(os.path.join(fallback_dir, CURVE)), cfg.tokens_per_batch,
+                   {name: r["mean_accepted_length"] for name, r in base["drafters"].items()})
     return point
 
 

@@ -128,8 +128,11 @@ def _plain(x):
 def read_metrics(out_dir: str) -> list[dict]:
     """The records of out_dir/metrics.jsonl (none when there is no log yet)."""
     path = os.path.join(out_dir, METRICS)
-    if not os.path.isfile(path):
-        return []
+    return read_jsonl(path) if os.path.isfile(path) else []
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """One JSON record per non-empty line."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 

@@ -61,11 +61,7 @@ def plot_curve(folder: str, curve: list[dict], tokens_per_step: int, baselines: 
     for kind in [k for k, v in points[-1].items() if isinstance(v, dict) and "mean_accepted_length" in v]:
         got = [(r["step"], r[kind]["mean_accepted_length"]) for r in points if kind in r]
         colors[kind] = ax.plot(*zip(*got), "o-", label=kind)[0].get_color()
-    for name, value in (baselines or {}).items():
-        head = name.removeprefix("shipped ")
-        style = ({"linestyle": ":", "color": colors.get(head, "tab:gray")} if name != head else
-                 {"linestyle": "--", "color": "gray" if name == "ngram" else "black"})
-        ax.axhline(value, linewidth=1, label=name, **style)
+    baseline_lines(ax, baselines or {}, colors)
     ax.set(title="held-out mean accepted length (K=5, greedy)", xlabel=f"step ({tokens_per_step:,} tokens each)",
            xlim=(0, None))
     counted = [r for r in points if r.get("trained_on", {}).get("steps")]
@@ -75,3 +71,13 @@ def plot_curve(folder: str, curve: list[dict], tokens_per_step: int, baselines: 
         top.set_xlabel("answer tokens trained on (millions, about)")
     ax.legend()
     return save(fig, os.path.join(folder, "curve.png"))
+
+
+def baseline_lines(ax, baselines: dict, colors: dict) -> None:
+    """Each baseline {drafter name: mean accepted length} as a horizontal line: a shipped head's dotted in its
+    head's colour (colors: {kind: colour}), NGram's and Suffix's dashed."""
+    for name, value in baselines.items():
+        head = name.removeprefix("shipped ")
+        style = ({"linestyle": ":", "color": colors.get(head, "tab:gray")} if name != head else
+                 {"linestyle": "--", "color": "gray" if name == "ngram" else "black"})
+        ax.axhline(value, linewidth=1, label=name, **style)

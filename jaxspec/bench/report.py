@@ -233,4 +233,5 @@ def curve_markdown(r: dict, path: str) -> str:
             f"{r['step_profile']} on {r['profiled_on']} (target features {sec['features']:.1f} s shared, then "
             + ", ".join(f"{k} {sec[k]:.1f} s" for k in kinds) + f"; joint {sec['joint']:.1f} s): a head's "
             "hours are its own step plus the features, what training it alone would take. "
-            f"On the same prompts (shipped: the heads shipped when these were measured): {base or 'none recorded'}.\n\n" + "\n".join(rows) + "\n" + _picture(path))
+            f"On the same prompts (shipped: the heads shipped when these were measured): {base or 'none recorded'}."
+            "\n\n" + "\n".join(rows) + "\n" + _picture(path))
