@@ -293,6 +293,10 @@ def test_the_table_at_a_glance_keeps_the_newest_batch_1_greedy_result_of_each_sh
     assert "| suffix tree N=32 | - | 2.90, 0.80x [2] |" in table
     assert "runs/x" not in table and "| plain |" not in table and "2026-01-01" not in table
     assert "[1] 2026-01-03, 8 prompts, up to 128 new tokens, 2 CPU cores: `jaxspec bench --source chat`" in table
+    later = ("2026-01-02", "later-code.json", result("2026-01-02", "code", {"eagle K=5": (2.5, 1.7)})[2])   # same day
+    later[2]["time"], results[1][2]["time"] = "18:00:00", "09:00:00"          # a later time
+    assert "| eagle K=5 | - | 2.50, 1.70x [2] |" in bench.glance([later] + results)
+    assert "| eagle K=5 | - | 2.50, 1.70x [2] |" in bench.glance(results + [later])
     readme = f"# x\n\n{GLANCE_BEGIN}\nold\n{GLANCE_END}\nafter\n"
     assert bench.with_glance(readme, "new") == f"# x\n\n{GLANCE_BEGIN}\nnew\n{GLANCE_END}\nafter\n"
     with pytest.raises(ValueError, match="block"):

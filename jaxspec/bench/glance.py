@@ -35,7 +35,8 @@ def _cells(results: list) -> tuple[dict, list]:
 def glance(results: list, model: str | None = None) -> str:
     """Markdown: one table per model (or only `model`'s) from (date, path, result) triples."""
     from .report import command_of
-    table, runs = _cells(sorted(results, key=lambda x: x[0], reverse=True))
+    newest_first = sorted(results, key=lambda x: (x[0], x[2].get("time", "")), reverse=True)   # a day's by time
+    table, runs = _cells(newest_first)
     lines = []
     for m, rows in table.items():
         if model is not None and m != model:

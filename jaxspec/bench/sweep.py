@@ -90,9 +90,9 @@ def _print_run(batch: int, temperature: float, decoders: dict) -> None:
 
 
 def provenance(command: str | None) -> dict:
-    """What a result file records of how it was made: {"date", "machine", "command"} (paths in the
-    command as portable_paths writes them)."""
-    return {"date": time.strftime("%Y-%m-%d"), "machine": _machine(),
+    """What a result file records of how it was made: {"date", "time" (UTC, to order a day's results),
+    "machine", "command"} (paths in the command as portable_paths writes them)."""
+    return {"date": time.strftime("%Y-%m-%d"), "time": time.strftime("%H:%M:%S", time.gmtime()), "machine": _machine(),
             "command": None if command is None else portable_paths(command)}
 
 
