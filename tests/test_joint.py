@@ -97,6 +97,9 @@ def test_a_fallback_linked_to_its_shipped_heads_reads_their_parameters(tiny_data
     seen = {kind: d.metadata.data["trained_on"] for kind, d in drafters.items()}      # what the 3 steps held
     assert all(s == seen["eagle"] and s["steps"] == 3 and 0 < s["answer_tokens"] < s["tokens"] for s in seen.values())
     heads = {kind: str(tmp_path / "ship" / kind) for kind in KINDS}
+    for kind in KINDS:                                  # each head keeps the run's log and settings
+        assert [r["step"] for r in loop.read_metrics(heads[kind]) if "loss" in r] == [1, 2, 3], kind
+        assert os.path.exists(os.path.join(heads[kind], loop.SETTINGS)), kind
     assert main(["train", "link-fallback", str(folder)] + [a for k in KINDS for a in (f"--{k}", heads[k])]) == 0
     assert not any((folder / f"{kind}.safetensors").exists() for kind in KINDS)
     linked = fallback.read(str(folder), settings)

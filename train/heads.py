@@ -3,6 +3,8 @@ check, and the head written at the end with metadata (target, data, steps, measu
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +73,16 @@ def train_head(model, data_dir: str, out_dir: str, train_cfg: loop.TrainConfig, 
                         training_meta, {"trained_on": batches.seen(done), **data_meta}, evaluate)
 
 
+def _copy_log(run_dir: str, out_dir: str) -> None:
+    """The run's metrics.jsonl and train_settings.json beside the head when the run logs elsewhere (a joint
+    run's $JAXSPEC_CACHE/runs/NAME/<kind>), so a shipped head keeps its training log."""
+    if os.path.abspath(run_dir) == os.path.abspath(out_dir):
+        return
+    for name in (loop.METRICS, loop.SETTINGS):
+        if os.path.exists(os.path.join(run_dir, name)):
+            shutil.copyfile(os.path.join(run_dir, name), os.path.join(out_dir, name))
+
+
 def save_trained(model, data_dir: str, run_dir: str, out_dir: str, train_cfg: loop.TrainConfig, params, done: int,
                  settings: dict, drafter_of: Callable, training_meta: dict, data_meta: dict,
                  evaluate: Callable | None = None):
@@ -100,6 +112,7 @@ def save_trained(model, data_dir: str, run_dir: str, out_dir: str, train_cfg: lo
     if jax.process_index() == 0:                # several processes (jax.distributed): one writer
         drafter.save(out_dir)                  # bfloat16 on disk
         plot_run(run_dir, out_dir)
+        _copy_log(run_dir, out_dir)
     if jax.process_count() > 1:                 # the others read the head only once it is written
         multihost_utils.sync_global_devices(f"head saved to {out_dir}")
     return drafter
