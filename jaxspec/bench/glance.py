@@ -32,11 +32,16 @@ def _cells(results: list) -> tuple[dict, list]:
     return table, runs
 
 
+def newest_first(results: list) -> list:
+    """(date, path, result) triples, newest first: by date, a day's by the time the result records (when it
+    does; older files have only a date and keep their order)."""
+    return sorted(results, key=lambda x: (x[0], x[2].get("time", "")), reverse=True)
+
+
 def glance(results: list, model: str | None = None) -> str:
     """Markdown: one table per model (or only `model`'s) from (date, path, result) triples."""
     from .report import command_of
-    newest_first = sorted(results, key=lambda x: (x[0], x[2].get("time", "")), reverse=True)   # a day's by time
-    table, runs = _cells(newest_first)
+    table, runs = _cells(newest_first(results))
     lines = []
     for m, rows in table.items():
         if model is not None and m != model:
