@@ -85,11 +85,12 @@ def test_rows_stay_on_their_device(sharded):
 
 @pytest.mark.slow
 def test_sharded_adaptive_drafters_on_smollm2(sharded):
-    """SmolLM2's shipped EAGLE (with a tree offered), MTP, draft model and NGram, adaptive, on (8, 1),
-    (4, 2), (2, 4): greedy rows equal one device's, the same arms taken, sampled rows repeat with the
-    seed, no row crossing devices. Adaptive EAGLE on (4, 2) used to abort in XLA's collectives."""
+    """SmolLM2's shipped EAGLE (with a tree offered), MTP, draft model and NGram, adaptive, and EAGLE and
+    MTP at K = 2 fixed, on (8, 1), (4, 2), (2, 4): greedy rows equal one device's, the same arms taken,
+    sampled rows repeat with the seed, no row crossing devices. Adaptive EAGLE on (4, 2) used to abort in
+    XLA's collectives; sampled EAGLE and MTP drafts on (2, 4) used to differ (heads/eagle.to_target_logits)."""
     real = sharded["real"]
-    assert set(real["greedy"]) == {"eagle", "mtp", "draft", "ngram"}
+    assert set(real["greedy"]) == {"eagle", "mtp", "draft", "ngram", "eagle K=2", "mtp K=2"}
     assert real["meshes"] == ["(8, 1)", "(4, 2)", "(2, 4)"]
     _check_greedy(real)
     for name, arms in real["arms"].items():                     # the same arms as one device took ...
