@@ -216,12 +216,11 @@ def eagle_step(params, embed: jax.Array, feature: jax.Array, tokens: jax.Array, 
 def to_target_logits(params, draft_logits: jax.Array, vocab_size: int) -> jax.Array:
     """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V] (-inf off the draft vocab).
 
-    A gather through the inverse map t2d int32[V] (Vd off the draft vocab: the -inf column), not a
+    A gather through the inverse map t2d int32[V] (Vd, out of range, off the draft vocab), not a
     scatter of the logits into [..., V]: inside the sharded decode loop on 8-device meshes with the
     vocabulary over 4 or 8 "model" devices, XLA partitioned that scatter so that sampled drafts came
     out different from one device's (greedy argmaxes unchanged)."""
     d2t = params["d2t"]
     Vd = d2t.shape[0]
     t2d = jnp.full((vocab_size,), Vd, jnp.int32).at[d2t].set(jnp.arange(Vd, dtype=jnp.int32))
-    off = jnp.full(draft_logits.shape[:-1] + (1,), -jnp.inf, jnp.float32)
-    return jnp.take(jnp.concatenate([draft_logits.astype(jnp.float32), off], axis=-1), t2d, axis=-1)
+    return jnp.take(draft_logits.astype(jnp.float32), t2d, axis=-1, mode="fill", fill_value=-jnp.inf)
