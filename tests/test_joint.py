@@ -118,6 +118,24 @@ def test_a_fallback_linked_to_its_shipped_heads_reads_their_parameters(tiny_data
         fallback.read(str(folder), settings)
 
 
+def test_a_run_resumed_from_a_linked_fallback_keeps_the_runs_log(tiny_data, tmp_path):  # noqa: F811
+    """A new machine (the run's $JAXSPEC_CACHE folder gone) resuming from a fallback linked to shipped heads
+    starts its log from the heads' copy: the written heads' log holds every step and their training time
+    counts the steps run before the move."""
+    model, data_dir, _ = tiny_data
+    _run(model, data_dir, tmp_path, "moved", until=3)
+    fallback.link(str(tmp_path / "moved" / "fallback"), {kind: str(tmp_path / "moved" / kind) for kind in KINDS})
+    before = {kind: _records("moved", kind) for kind in KINDS}
+    shutil.rmtree(run_dir("moved"))
+    drafters = _run(model, data_dir, tmp_path, "moved")
+    for kind in KINDS:
+        got = _records("moved", kind)
+        assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6] and got[:3] == before[kind], kind
+        assert drafters[kind].metadata.training["train_seconds"] == round(sum(r["seconds"] for r in got), 1), kind
+        shipped = [r["step"] for r in loop.read_metrics(str(tmp_path / "moved" / kind)) if "loss" in r]
+        assert shipped == [1, 2, 3, 4, 5, 6], kind
+
+
 def test_a_fallback_is_measured_as_it_stands_onto_its_curve(tiny_data, tmp_path, monkeypatch):  # noqa: F811
     """evaluate_fallback: each head of the committed fallback at its step, measured by acceptance() with the
     drafter its parameters make (the head the run wrote at that step, up to bfloat16), one line per call

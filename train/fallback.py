@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx, traverse_util
 from safetensors.numpy import load_file, save_file
 
-from .loop import settings_changed
+from .loop import read_metrics, settings_changed
 
 INDEX = "run.json"
 
@@ -61,8 +61,8 @@ def _write_index(folder: str, index: dict) -> None:
 
 
 def read(folder: str, settings: dict) -> dict | None:
-    """-> {"step", "written", "params": {kind: {flat name: float32 array}}} of the fallback in folder, None
-    when there is none; ValueError when it was written by a run with other settings (another head, data or schedule)."""
+    """-> {"step", "written", "params": {kind: {flat name: float32 array}}, "logs": {kind: the run's log
+    records up to the step, where a linked head carries them}} of the fallback in folder, None when there is none; ValueError when it was written by a run with other settings (another head, data or schedule)."""
     path = os.path.join(folder, INDEX)
     if not os.path.isfile(path):
         return None
@@ -77,7 +77,18 @@ def read(folder: str, settings: dict) -> dict | None:
         if changed:
             raise ValueError(f"cannot resume {kind} from the fallback in {folder}: settings differ in {changed}")
     params = {kind: _params(folder, index, kind) for kind in settings}
-    return {"step": int(index["step"]), "written": index.get("written"), "params": params}
+    logs = {kind: _linked_log(folder, index, kind) for kind in settings}
+    return {"step": int(index["step"]), "written": index.get("written"), "params": params, "logs": logs}
+
+
+def _linked_log(folder: str, index: dict, kind: str) -> list[dict]:
+    """The records up to the fallback's step of the metrics.jsonl a linked head carries (the run's log when
+    it was shipped, train/heads._copy_log); [] for a head stored in the fallback itself."""
+    linked = index.get("heads", {}).get(kind)
+    if linked is None:
+        return []
+    head = os.path.normpath(os.path.join(folder, linked["folder"]))
+    return [r for r in read_metrics(head) if r["step"] <= index["step"]]
 
 
 def _params(folder: str, index: dict, kind: str) -> dict:

@@ -104,8 +104,10 @@ class HeadRun:
         self.state = self.run.restore(self.state)
         return int(self.state["step"])
 
-    def from_fallback(self, params, step: int) -> None:
-        """Fallback parameters, fresh moments, the schedule at `step`, the update re-warmed from there."""
+    def from_fallback(self, params, step: int, log: list[dict] = ()) -> None:
+        """Fallback parameters, fresh moments, the schedule at `step`, the update re-warmed from there; a
+        run folder with no log of its own starts from `log` (the run's records up to `step`), so its
+        training time and curves count the steps run before."""
         params = fallback.unflatten_like(jax.device_get(self.state["params"]), params)
         at_step = lambda s: (s._replace(count=jnp.asarray(step, s.count.dtype))
                              if isinstance(s, optax.ScaleByScheduleState) else s)
@@ -115,6 +117,9 @@ class HeadRun:
         self.state = jax.tree.map(shard, {"params": params, "opt_state": opt_state, "step": jnp.int32(step),
                                           "resumed_at": jnp.int32(step)}, self.state)
         self.run._trim_metrics(step)
+        if not loop.read_metrics(self.dir):
+            for record in log:
+                self.run.log(record)
 
     def step(self, batch) -> None:
         self.state, self.metrics = self.step_fn(self.state, self.frozen, batch)
@@ -132,7 +137,7 @@ def _start(heads: dict, fallback_dir: str | None) -> int:
     if saved is None:
         return 0
     for kind, h in heads.items():
-        h.from_fallback(saved["params"][kind], saved["step"])
+        h.from_fallback(saved["params"][kind], saved["step"], saved["logs"][kind])
     return saved["step"]
 
 
