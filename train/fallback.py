@@ -62,7 +62,8 @@ def _write_index(folder: str, index: dict) -> None:
 
 def read(folder: str, settings: dict) -> dict | None:
     """-> {"step", "written", "params": {kind: {flat name: float32 array}}, "logs": {kind: the run's log
-    records up to the step, where a linked head carries them}} of the fallback in folder, None when there is none; ValueError when it was written by a run with other settings (another head, data or schedule)."""
+    records up to the step, where a linked head carries them}} of the fallback in folder, None when there
+    is none; ValueError when it was written by a run with other settings (another head, data or schedule)."""
     path = os.path.join(folder, INDEX)
     if not os.path.isfile(path):
         return None
@@ -84,21 +85,23 @@ def read(folder: str, settings: dict) -> dict | None:
 def _linked_log(folder: str, index: dict, kind: str) -> list[dict]:
     """The records up to the fallback's step of the metrics.jsonl a linked head carries (the run's log when
     it was shipped, train/heads._copy_log); [] for a head stored in the fallback itself."""
+    head = _linked_head(folder, index, kind)
+    return [] if head is None else [r for r in read_metrics(head) if r["step"] <= index["step"]]
+
+
+def _linked_head(folder: str, index: dict, kind: str) -> str | None:
+    """The folder of the head a fallback's `kind` is linked to, None when the fallback stores it itself."""
     linked = index.get("heads", {}).get(kind)
-    if linked is None:
-        return []
-    head = os.path.normpath(os.path.join(folder, linked["folder"]))
-    return [r for r in read_metrics(head) if r["step"] <= index["step"]]
+    return None if linked is None else os.path.normpath(os.path.join(folder, linked["folder"]))
 
 
 def _params(folder: str, index: dict, kind: str) -> dict:
     """{flat name: float32 array} of one head of the fallback: its own file, or the head it is linked to."""
-    linked = index.get("heads", {}).get(kind)
-    if linked is None:
+    head = _linked_head(folder, index, kind)
+    if head is None:
         return {k: np.asarray(v, np.float32) for k, v in load_file(os.path.join(folder, f"{kind}.safetensors")).items()}
-    head = os.path.normpath(os.path.join(folder, linked["folder"]))
     params = head_params(kind, head)
-    if digest(params) != linked["digest"]:
+    if digest(params) != index["heads"][kind]["digest"]:
         raise ValueError(f"the {kind} head in {head} is not the one the fallback in {folder} was linked to "
                          f"(replaced since?): resume from the run's own state, or restore that head")
     return params
